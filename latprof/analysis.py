@@ -1,0 +1,391 @@
+"""Turn a timeline into numbers: critical-path layer times, warm-up, cohorts, tail excess, windows.
+
+Each step is a small pure function with its contract in its docstring; `analyze` composes
+them. Times inside a request are integer nanoseconds; everything reported is milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from latprof.events import Segment
+from latprof.layers import APP, LAYERS, UNATTRIBUTED, effective_layer
+from latprof.timeline import RequestTimeline, Timeline
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+
+#: Fewer requests than this (after warm-up) give no verdict (report-v1).
+MIN_REQUESTS_FOR_VERDICT = 50
+#: A tail is worth explaining when p99 is at least this many times p50 (report-v1).
+TAIL_RATIO = 2.0
+DEFAULT_WARMUP_S = 2.0
+
+_ROOT = object()  # key of the request root among segment parents
+
+
+# --- per request ------------------------------------------------------------------------------
+
+
+def critical_path(rt: RequestTimeline) -> dict[str | None, int]:
+    """Return nanoseconds per layer along the request's critical path; key None is uncovered time.
+
+    The values sum to the request's latency. Contract (report-v1 "Layers"):
+    - each instant belongs to one segment: where siblings overlap, the one that ends last;
+      inside it, its own children in the same way (the innermost segment owns the time);
+    - a generic wait nested in a more specific layer is absorbed by it (`layers.effective_layer`);
+    - a segment with no layer owns nothing: its children count as its parent's;
+    - children are clipped to their parent's interval; a segment with a missing parent hangs
+      off the root; segments that end before they start are ignored.
+    """
+    request = rt.request
+    out: dict[str | None, int] = {None: 0}
+    if not rt.segments:
+        out[None] = request.end_ns - request.start_ns
+        return out
+    by_id: dict[str, Segment] = {s.segment_id: s for s in rt.segments}
+    kids: dict[object, list[Segment]] = {}
+    for segment in rt.segments:
+        if segment.layer is None or segment.end_ns <= segment.start_ns:
+            continue
+        kids.setdefault(_owner_key(segment, by_id), []).append(segment)
+    for siblings in kids.values():
+        if len(siblings) > 1:
+            siblings.sort(key=_latest_end_first)
+    _walk(_ROOT, request.start_ns, request.end_ns, None, kids, out)
+    return out
+
+
+def _latest_end_first(segment: Segment) -> tuple[int, int]:
+    return (-segment.end_ns, segment.start_ns)
+
+
+def _owner_key(segment: Segment, by_id: Mapping[str, Segment]) -> object:
+    """The id of the nearest ancestor that has a layer, or the root."""
+    parent_id = segment.parent_id
+    hops = 0
+    while parent_id is not None and hops < 64:
+        parent = by_id.get(parent_id)
+        if parent is None or parent is segment:
+            return _ROOT
+        if parent.layer is not None:
+            return parent_id
+        parent_id = parent.parent_id
+        hops += 1
+    return _ROOT
+
+
+def _walk(
+    node: object,
+    start: int,
+    end: int,
+    layer: str | None,
+    kids: Mapping[object, list[Segment]],
+    out: dict[str | None, int],
+) -> None:
+    """Attribute [start, end) of `node` (whose time is `layer`'s) to its children, latest end first.
+
+    Walking back from `end`, the child that ends last among those that started before the
+    cursor owns the time from its start to the cursor; time no child covers is the node's own.
+    """
+    cursor = end
+    for child in kids.get(node, ()):
+        if cursor <= start:
+            break
+        child_start = child.start_ns
+        if child_start >= cursor:
+            continue  # entirely after the cursor: a sibling that ended later owns that time
+        child_end = child.end_ns
+        if child_end < cursor:
+            gap_start = child_end if child_end > start else start
+            out[layer] = out.get(layer, 0) + (cursor - gap_start)
+            cursor = gap_start
+            if cursor <= start:
+                break
+        owned_from = child_start if child_start > start else start
+        inner = child.layer if layer is None else effective_layer(child.layer, layer)  # type: ignore[arg-type]
+        if child.segment_id in kids:
+            _walk(child.segment_id, owned_from, cursor, inner, kids, out)
+        else:
+            out[inner] = out.get(inner, 0) + (cursor - owned_from)
+        cursor = owned_from
+    if cursor > start:
+        out[layer] = out.get(layer, 0) + (cursor - start)
+
+
+def split_uncovered(uncovered_ns: int, cpu_ns: int | None) -> tuple[int, int]:
+    """Split time no segment covers into (`app`, `unattributed`) nanoseconds.
+
+    It is `app` only as far as the CPU time measured for the request's thread backs it; with
+    no CPU measurement all of it is `unattributed`.
+    """
+    if uncovered_ns <= 0:
+        return 0, 0
+    if cpu_ns is None or cpu_ns <= 0:
+        return 0, uncovered_ns
+    app = cpu_ns if cpu_ns < uncovered_ns else uncovered_ns
+    return app, uncovered_ns - app
+
+
+def layer_times_ms(rt: RequestTimeline) -> dict[str, float]:
+    """Return milliseconds per layer (only layers with time) for one request; sums to latency."""
+    path = critical_path(rt)
+    uncovered = path.pop(None, 0)
+    app, unattributed = split_uncovered(uncovered, rt.request.cpu_ns)
+    if app:
+        path[APP] = path.get(APP, 0) + app
+    if unattributed:
+        path[UNATTRIBUTED] = path.get(UNATTRIBUTED, 0) + unattributed
+    return {layer: ns / NS_PER_MS for layer, ns in path.items() if ns}  # type: ignore[misc]
+
+
+# --- across requests --------------------------------------------------------------------------
+
+
+def skip_warmup(requests: Sequence[RequestTimeline], warmup_s: float) -> tuple[list[RequestTimeline], int]:
+    """Leave out requests that arrived in the first `warmup_s` seconds of each process's traffic.
+
+    A process's traffic starts with its first request's arrival. Returns (kept, skipped count).
+    """
+    if warmup_s <= 0:
+        return list(requests), 0
+    first: dict[int, int] = {}
+    for rt in requests:
+        pid, start = rt.request.pid, rt.request.start_ns
+        if pid not in first or start < first[pid]:
+            first[pid] = start
+    cutoff_ns = int(warmup_s * NS_PER_S)
+    kept = [rt for rt in requests if rt.request.start_ns - first[rt.request.pid] >= cutoff_ns]
+    return kept, len(requests) - len(kept)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Return the q-th percentile (0-100) of ascending values, linearly interpolated (numpy's default)."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """End-to-end latency of the requests analysed, measured from arrival at the socket."""
+
+    count: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_ms: float
+
+
+def summarize_latency(latencies_ms: Sequence[float]) -> LatencySummary | None:
+    """Return p50/p90/p99/max/mean of the latencies, or None when there are none."""
+    if not latencies_ms:
+        return None
+    ordered = sorted(latencies_ms)
+    return LatencySummary(
+        count=len(ordered),
+        p50_ms=percentile(ordered, 50),
+        p90_ms=percentile(ordered, 90),
+        p99_ms=percentile(ordered, 99),
+        max_ms=ordered[-1],
+        mean_ms=sum(ordered) / len(ordered),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Cohorts:
+    """Indices of requests (into the analysed list) in the median and tail cohorts.
+
+    `median`: requests ranked between p40 and p60; `tail`: the slowest 1% (at least 3);
+    `tail5`: the slowest 5% (at least 3). Each is ordered slowest first where it is a tail.
+    """
+
+    median: tuple[int, ...]
+    tail: tuple[int, ...]
+    tail5: tuple[int, ...]
+
+
+def cohorts(latencies_ms: Sequence[float]) -> Cohorts:
+    """Rank requests by latency and pick the median, 1% and 5% cohorts (report-v1)."""
+    n = len(latencies_ms)
+    if n == 0:
+        return Cohorts((), (), ())
+    order = sorted(range(n), key=latencies_ms.__getitem__)
+    lo = math.floor(0.4 * (n - 1))
+    hi = math.ceil(0.6 * (n - 1))
+    tail_n = min(n, max(3, math.ceil(0.01 * n)))
+    tail5_n = min(n, max(3, math.ceil(0.05 * n)))
+    slowest_first = order[::-1]
+    return Cohorts(
+        median=tuple(order[lo : hi + 1]),
+        tail=tuple(slowest_first[:tail_n]),
+        tail5=tuple(slowest_first[:tail5_n]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LayerStats:
+    """One layer's time per request across the analysed requests, and its part in the tail."""
+
+    layer: str
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    median_mean_ms: float  # mean over the median cohort
+    tail_mean_ms: float  # mean over the slowest 1%
+    tail_excess_ms: float  # tail_mean_ms - median_mean_ms
+    tail5_excess_ms: float  # the same over the slowest 5%
+    share_of_tail_excess: float  # of the positive excesses; 0 when not positive
+
+    @property
+    def seen(self) -> bool:
+        return self.mean_ms > 0
+
+
+def layer_stats(breakdowns: Sequence[Mapping[str, float]], groups: Cohorts) -> dict[str, LayerStats]:
+    """Return every layer's stats, in vocabulary order; layers a request lacks count as 0 ms.
+
+    `tail_excess_ms` is the layer's mean in the tail cohort minus its mean in the median
+    cohort; shares sum to 1 over the layers with positive excess (report-v1).
+    """
+    n = len(breakdowns)
+    columns: dict[str, list[float]] = {}
+    for layer in LAYERS:
+        columns[layer] = [b.get(layer, 0.0) for b in breakdowns] if n else []
+
+    def mean_of(values: list[float], idx: tuple[int, ...]) -> float:
+        return sum(values[i] for i in idx) / len(idx) if idx else 0.0
+
+    raw: dict[str, tuple[float, float, float, float, float, float, float]] = {}
+    for layer, values in columns.items():
+        if not n or not any(values):
+            raw[layer] = (0.0,) * 7  # type: ignore[assignment]
+            continue
+        ordered = sorted(values)
+        median_mean = mean_of(values, groups.median)
+        tail_mean = mean_of(values, groups.tail)
+        raw[layer] = (
+            percentile(ordered, 50),
+            percentile(ordered, 99),
+            sum(values) / n,
+            median_mean,
+            tail_mean,
+            tail_mean - median_mean,
+            mean_of(values, groups.tail5) - median_mean,
+        )
+    positive = sum(r[5] for r in raw.values() if r[5] > 0)
+    return {
+        layer: LayerStats(layer, *r, share_of_tail_excess=(r[5] / positive if r[5] > 0 and positive else 0.0))
+        for layer, r in raw.items()
+    }
+
+
+def coverage(breakdowns: Iterable[Mapping[str, float]]) -> float | None:
+    """Share of all request time that landed in a layer other than `unattributed`."""
+    total = unattributed = 0.0
+    for b in breakdowns:
+        total += sum(b.values())
+        unattributed += b.get(UNATTRIBUTED, 0.0)
+    return None if total <= 0 else (total - unattributed) / total
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Requests that arrived in one time window and their p99 (None when there were none)."""
+
+    start_unix_s: float
+    end_unix_s: float
+    requests: int
+    p99_ms: float | None
+
+
+_WINDOW_SIZES_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
+
+
+def windows(requests: Sequence[RequestTimeline], latencies_ms: Sequence[float], max_windows: int = 60) -> list[Window]:
+    """Split the requests by arrival into at most `max_windows` equal windows of a round size."""
+    if not requests:
+        return []
+    starts = [rt.request.start_ns for rt in requests]
+    first, last = min(starts), max(starts)
+    span_s = (last - first) / NS_PER_S
+    size_s = next((w for w in _WINDOW_SIZES_S if span_s / w < max_windows), _WINDOW_SIZES_S[-1])
+    origin = first - first % (size_s * NS_PER_S)
+    count = int((last - origin) // (size_s * NS_PER_S)) + 1
+    buckets: list[list[float]] = [[] for _ in range(count)]
+    for start, latency in zip(starts, latencies_ms):
+        buckets[int((start - origin) // (size_s * NS_PER_S))].append(latency)
+    out = []
+    for i, bucket in enumerate(buckets):
+        bucket.sort()
+        begin = (origin + i * size_s * NS_PER_S) / NS_PER_S
+        out.append(Window(begin, begin + size_s, len(bucket), percentile(bucket, 99) if bucket else None))
+    return out
+
+
+# --- the whole analysis -----------------------------------------------------------------------
+
+
+@dataclass
+class Analysis:
+    """Everything rules and the report read. Requests are those kept after warm-up."""
+
+    timeline: Timeline
+    requests: list[RequestTimeline]
+    breakdowns: list[dict[str, float]]
+    latencies_ms: list[float]
+    latency: LatencySummary | None
+    groups: Cohorts
+    layers: dict[str, LayerStats]
+    windows: list[Window]
+    warmup_skipped: int
+    coverage: float | None
+    warnings: list[str] = field(default_factory=list)
+
+    def layer(self, name: str) -> LayerStats:
+        return self.layers[name]
+
+    @property
+    def has_tail(self) -> bool:
+        """True when there is a tail worth explaining (report-v1 verdict rules)."""
+        lat = self.latency
+        return bool(lat and lat.count >= MIN_REQUESTS_FOR_VERDICT and lat.p99_ms >= TAIL_RATIO * lat.p50_ms)
+
+    def cohort(self, which: str) -> list[RequestTimeline]:
+        """The requests of cohort `median`, `tail` or `tail5`."""
+        return [self.requests[i] for i in getattr(self.groups, which)]
+
+    def segments(self, layer: str | None = None, *, name: str | None = None) -> Iterable[tuple[int, Segment]]:
+        """Yield (request index, segment) for every segment of the analysed requests, filtered."""
+        for i, rt in enumerate(self.requests):
+            for segment in rt.segments:
+                if (layer is None or segment.layer == layer) and (name is None or segment.name == name):
+                    yield i, segment
+
+
+def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analysis:
+    """Run every analysis step over a timeline."""
+    kept, skipped = skip_warmup(timeline.requests, warmup_s)
+    breakdowns = [layer_times_ms(rt) for rt in kept]
+    latencies = [(rt.request.end_ns - rt.request.start_ns) / NS_PER_MS for rt in kept]
+    groups = cohorts(latencies)
+    return Analysis(
+        timeline=timeline,
+        requests=kept,
+        breakdowns=breakdowns,
+        latencies_ms=latencies,
+        latency=summarize_latency(latencies),
+        groups=groups,
+        layers=layer_stats(breakdowns, groups),
+        windows=windows(kept, latencies),
+        warmup_skipped=skipped,
+        coverage=coverage(breakdowns),
+        warnings=list(timeline.warnings),
+    )

@@ -1,0 +1,206 @@
+"""The capture's wire format: one JSON object per line, a header line per writing process.
+
+    {"type": "header", "schema": "latprof.capture/1", "pid": 4242, "source": "run", ...}
+    {"type": "request", "request_id": "r1", "route": "POST /chat", "start_ns": ..., ...}
+    {"type": "segment", "request_id": "r1", "segment_id": "s1", "layer": "db.pool", ...}
+    {"type": "gauge", "name": "db.pool.in_use", "value": 9, "ts_ns": ..., ...}
+    {"type": "stack", "ts_ns": ..., "tid": ..., "frames": [["fn", "file.py", 12], ...], ...}
+    {"type": "quality", "kind": "dropped", "count": 12, ...}
+
+Keys are the event fields; `attrs` is left out when empty. Several processes may append to
+one file: each writes its own header before its first events, and every event carries its
+`pid`, so lines from different writers may interleave at line granularity.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+from typing import Any, Callable
+
+from latprof.events import NO_ATTRS, Event, Frame, Gauge, QualityRecord, Request, Segment, StackSample
+
+SCHEMA = "latprof.capture/1"
+SCHEMA_PREFIX = "latprof.capture/"
+
+#: `source` values a header may carry (report-v1 `source.kind`).
+SOURCE_KINDS = ("run", "attach", "otlp", "jaeger", "zipkin", "receive")
+
+
+def make_header(source: str, **extra: Any) -> dict[str, Any]:
+    """Return the header line of the calling process: schema, pid, clocks, host, source kind."""
+    from latprof import __version__
+
+    header: dict[str, Any] = {
+        "type": "header",
+        "schema": SCHEMA,
+        "source": source,
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "latprof": __version__,
+        # Both clocks at one instant, so a reader can note skew between processes.
+        "wall_ns": time.time_ns(),
+        "monotonic_ns": time.monotonic_ns(),
+    }
+    header.update(extra)
+    return header
+
+
+def encode(event: Event) -> dict[str, Any]:
+    """Return the wire form of one event (a dict ready for orjson.dumps)."""
+    encoder = _ENCODERS.get(type(event))
+    if encoder is None:
+        raise TypeError(f"not a latprof event: {type(event).__name__}")
+    wire = encoder(event)
+    attrs = getattr(event, "attrs", NO_ATTRS)
+    if attrs:
+        wire["attrs"] = dict(attrs)
+    return wire
+
+
+def _encode_request(e: Request) -> dict[str, Any]:
+    return {
+        "type": "request",
+        "request_id": e.request_id,
+        "route": e.route,
+        "start_ns": e.start_ns,
+        "end_ns": e.end_ns,
+        "pid": e.pid,
+        "cpu_ns": e.cpu_ns,
+        "status_code": e.status_code,
+    }
+
+
+def _encode_segment(e: Segment) -> dict[str, Any]:
+    return {
+        "type": "segment",
+        "request_id": e.request_id,
+        "segment_id": e.segment_id,
+        "parent_id": e.parent_id,
+        "name": e.name,
+        "layer": e.layer,
+        "start_ns": e.start_ns,
+        "end_ns": e.end_ns,
+        "pid": e.pid,
+    }
+
+
+def _encode_gauge(e: Gauge) -> dict[str, Any]:
+    return {"type": "gauge", "name": e.name, "value": e.value, "ts_ns": e.ts_ns, "pid": e.pid}
+
+
+def _encode_stack(e: StackSample) -> dict[str, Any]:
+    return {
+        "type": "stack",
+        "ts_ns": e.ts_ns,
+        "pid": e.pid,
+        "tid": e.tid,
+        "thread_name": e.thread_name,
+        "frames": [[f.function, f.filename, f.line] for f in e.frames],
+        "active": e.active,
+        "wchan": e.wchan,
+        "count": e.count,
+    }
+
+
+def _encode_quality(e: QualityRecord) -> dict[str, Any]:
+    return {
+        "type": "quality",
+        "kind": e.kind,
+        "ts_ns": e.ts_ns,
+        "pid": e.pid,
+        "message": e.message,
+        "count": e.count,
+    }
+
+
+_ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
+    Request: _encode_request,
+    Segment: _encode_segment,
+    Gauge: _encode_gauge,
+    StackSample: _encode_stack,
+    QualityRecord: _encode_quality,
+}
+
+
+# Decoders take the parsed line and return the event; KeyError/TypeError/ValueError mean a
+# malformed line and are turned into one clear InputError by the reader.
+
+
+def _attrs(d: dict[str, Any]) -> Any:
+    attrs = d.get("attrs")
+    if attrs is None:
+        return NO_ATTRS
+    if not isinstance(attrs, dict):
+        raise TypeError("attrs must be an object")
+    return attrs
+
+
+def _decode_request(d: dict[str, Any]) -> Request:
+    return Request(
+        str(d["request_id"]),
+        d["route"],
+        int(d["start_ns"]),
+        int(d["end_ns"]),
+        int(d["pid"]),
+        d.get("cpu_ns"),
+        d.get("status_code"),
+        _attrs(d),
+    )
+
+
+def _decode_segment(d: dict[str, Any]) -> Segment:
+    parent = d.get("parent_id")
+    return Segment(
+        str(d["request_id"]),
+        str(d["segment_id"]),
+        None if parent is None else str(parent),
+        d["name"],
+        d.get("layer"),
+        int(d["start_ns"]),
+        int(d["end_ns"]),
+        int(d["pid"]),
+        _attrs(d),
+    )
+
+
+def _decode_gauge(d: dict[str, Any]) -> Gauge:
+    return Gauge(d["name"], float(d["value"]), int(d["ts_ns"]), int(d["pid"]), _attrs(d))
+
+
+def _decode_stack(d: dict[str, Any]) -> StackSample:
+    frames = tuple(Frame(str(f[0]), str(f[1]), int(f[2])) for f in d["frames"])
+    return StackSample(
+        int(d["ts_ns"]),
+        int(d["pid"]),
+        int(d["tid"]),
+        str(d.get("thread_name", "")),
+        frames,
+        bool(d.get("active", True)),
+        d.get("wchan"),
+        int(d.get("count", 1)),
+    )
+
+
+def _decode_quality(d: dict[str, Any]) -> QualityRecord:
+    return QualityRecord(
+        d["kind"], int(d["ts_ns"]), int(d["pid"]), str(d.get("message", "")), int(d.get("count", 1)), _attrs(d)
+    )
+
+
+DECODERS: dict[str, Callable[[dict[str, Any]], Event]] = {
+    "request": _decode_request,
+    "segment": _decode_segment,
+    "gauge": _decode_gauge,
+    "stack": _decode_stack,
+    "quality": _decode_quality,
+}
+
+
+def decode(d: dict[str, Any]) -> Event:
+    """Return the event of one parsed wire line (not a header)."""
+    return DECODERS[d["type"]](d)

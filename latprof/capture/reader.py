@@ -1,0 +1,233 @@
+"""Read captures: JSONL files (plain or gzip, several writers interleaved) and directories of them."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator
+
+import orjson
+
+from latprof.capture.format import DECODERS, SCHEMA, SCHEMA_PREFIX, SOURCE_KINDS
+from latprof.errors import InputError, SchemaVersionError
+from latprof.events import NO_ATTRS, Gauge, QualityRecord, Request, Segment, StackSample
+from latprof.layers import SEGMENT_LAYERS
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_CAPTURE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
+# Canonical layer strings, so a million segments share a dozen string objects.
+_LAYER_INTERN: dict[Any, str | None] = {layer: layer for layer in SEGMENT_LAYERS}
+_LAYER_INTERN[None] = None
+
+
+@dataclass
+class CaptureData:
+    """Everything read from one or more capture files, events grouped by kind, in file order."""
+
+    inputs: list[str] = field(default_factory=list)
+    headers: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    gauges: list[Gauge] = field(default_factory=list)
+    samples: list[StackSample] = field(default_factory=list)
+    quality: list[QualityRecord] = field(default_factory=list)
+    #: Problems the reader recovered from (torn last line, truncated gzip, unknown event types).
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def source_kind(self) -> str:
+        """How the data was collected, from the first header (report-v1 `source.kind`)."""
+        for header in self.headers:
+            kind = header.get("source")
+            if kind in SOURCE_KINDS:
+                return str(kind)
+        return "run"
+
+    @property
+    def event_count(self) -> int:
+        return len(self.requests) + len(self.segments) + len(self.gauges) + len(self.samples) + len(self.quality)
+
+
+def expand_inputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Return the capture files named by `paths`; a directory stands for the captures inside it."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_CAPTURE_SUFFIXES))
+            if not found:
+                raise InputError(f"{path}: directory holds no capture files (*.jsonl, *.jsonl.gz)")
+            files.extend(found)
+        elif path.exists():
+            files.append(path)
+        else:
+            raise InputError(f"{path}: no such file or directory")
+    return files
+
+
+def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
+    """Read every capture named by `paths` into one `CaptureData`.
+
+    Raises `InputError` (one line, naming the file and line) for a missing, empty or
+    malformed input or one that is not a latprof capture, and `SchemaVersionError` for a
+    schema this version cannot read. A torn last line (a writer killed mid-line) and a
+    truncated gzip stream are skipped with a warning instead: nothing before them is lost.
+    """
+    data = CaptureData()
+    for path in expand_inputs(paths):
+        data.inputs.append(str(path))
+        _read_file(path, data)
+    if not data.event_count:
+        raise InputError(
+            f"{', '.join(data.inputs)}: capture holds no events (did the service receive any traffic?)"
+        )
+    return data
+
+
+def _open(path: Path) -> IO[bytes]:
+    try:
+        raw = open(path, "rb")
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    if raw.peek(2)[:2] == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
+
+
+def _lines(path: Path, data: CaptureData) -> Iterator[tuple[int, bytes]]:
+    """Yield (line number, line) pairs; a truncated gzip stream ends the file with a warning."""
+    stream = _open(path)
+    lineno = 0
+    try:
+        for line in stream:
+            lineno += 1
+            yield lineno, line
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        data.warnings.append(f"{path}: compressed stream is truncated or damaged after line {lineno} ({exc}); read what came before it")
+    except OSError as exc:
+        raise InputError(f"{path}: read failed after line {lineno}: {exc.strerror or exc}") from None
+    finally:
+        stream.close()
+
+
+def _check_header(path: Path, lineno: int, header: dict[str, Any]) -> None:
+    schema = header.get("schema")
+    if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+        raise InputError(f"{path}:{lineno}: header has no latprof capture schema (got {schema!r})")
+    if schema != SCHEMA:
+        raise SchemaVersionError(
+            f"{path}: capture schema {schema} is not readable by this latprof, which reads {SCHEMA}"
+            " (upgrade latprof, or re-record the capture)"
+        )
+
+
+def _read_file(path: Path, data: CaptureData) -> None:
+    loads = orjson.loads
+    JSONDecodeError = orjson.JSONDecodeError
+    layers = _LAYER_INTERN
+    requests_append = data.requests.append
+    segments_append = data.segments.append
+    no_attrs = NO_ATTRS
+    seen_header = False
+    torn: tuple[int, str] | None = None  # a bad line is fatal unless it turns out to be the last
+    unknown_types: dict[str, int] = {}
+
+    for lineno, line in _lines(path, data):
+        if torn is not None:
+            raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the capture is damaged before its end")
+        if not line.strip():
+            continue
+        try:
+            d = loads(line)
+        except JSONDecodeError as exc:
+            if not seen_header:
+                raise InputError(_not_a_capture(path, line)) from None
+            torn = (lineno, f"not valid JSON: {exc}")
+            continue
+        try:
+            kind = d["type"]
+            if kind == "segment":
+                layer = d.get("layer")
+                if layer not in layers:
+                    raise ValueError(f"unknown layer {layer!r}")
+                parent = d.get("parent_id")
+                attrs = d.get("attrs")
+                segments_append(
+                    Segment(
+                        str(d["request_id"]),
+                        str(d["segment_id"]),
+                        None if parent is None else str(parent),
+                        str(d["name"]),
+                        layers[layer],
+                        int(d["start_ns"]),
+                        int(d["end_ns"]),
+                        int(d["pid"]),
+                        no_attrs if attrs is None else _check_attrs(attrs),
+                    )
+                )
+            elif kind == "request":
+                attrs = d.get("attrs")
+                cpu = d.get("cpu_ns")
+                status = d.get("status_code")
+                requests_append(
+                    Request(
+                        str(d["request_id"]),
+                        str(d["route"]),
+                        int(d["start_ns"]),
+                        int(d["end_ns"]),
+                        int(d["pid"]),
+                        None if cpu is None else int(cpu),
+                        None if status is None else int(status),
+                        no_attrs if attrs is None else _check_attrs(attrs),
+                    )
+                )
+            elif kind == "header":
+                _check_header(path, lineno, d)
+                seen_header = True
+                data.headers.append(d)
+            elif not seen_header:
+                raise InputError(_not_a_capture(path, line))
+            elif kind == "gauge":
+                data.gauges.append(DECODERS[kind](d))  # type: ignore[arg-type]
+            elif kind == "stack":
+                data.samples.append(DECODERS[kind](d))  # type: ignore[arg-type]
+            elif kind == "quality":
+                data.quality.append(DECODERS[kind](d))  # type: ignore[arg-type]
+            else:
+                # A newer writer's event type: skip it, say so once.
+                unknown_types[str(kind)] = unknown_types.get(str(kind), 0) + 1
+        except InputError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            if not isinstance(d, dict) or not seen_header:
+                raise InputError(_not_a_capture(path, line)) from None
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            torn = (lineno, what)
+
+    if torn is not None:
+        data.warnings.append(f"{path}:{torn[0]}: skipped a torn last line ({torn[1]})")
+    if not seen_header:
+        raise InputError(f"{path}: file is empty" if torn is None else _not_a_capture(path, b""))
+    for kind, count in sorted(unknown_types.items()):
+        data.warnings.append(f"{path}: skipped {count} event(s) of unknown type {kind!r} (written by a newer latprof?)")
+
+
+def _check_attrs(attrs: Any) -> Any:
+    if not isinstance(attrs, dict):
+        raise TypeError("attrs must be a JSON object")
+    return attrs
+
+
+def _not_a_capture(path: Path, first_line: bytes) -> str:
+    head = first_line[:200]
+    if b"resourceSpans" in head or b"resource_spans" in head:
+        hint = " (it looks like OpenTelemetry OTLP JSON, which this version does not read yet)"
+    else:
+        hint = ""
+    return f"{path}: not a latprof capture: it must start with a {SCHEMA} header line{hint}"
+

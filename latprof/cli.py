@@ -1,0 +1,140 @@
+"""The `latprof` command line: parse options, call the library, render. No logic of its own."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+
+from latprof import __version__, renderers
+from latprof.analysis import DEFAULT_WARMUP_S
+from latprof.errors import ConfigError, InputError, LatprofError
+
+# Exit codes: 0 ok, 1 a failed check, 2 usage/input/config errors, 3 a latprof bug.
+EXIT_INTERNAL = 3
+
+
+class _Main(click.Group):
+    """Turns every error into one line on stderr and its exit code; tracebacks only with --debug."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except LatprofError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"latprof: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            click.echo("latprof: interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:  # a bug: still one line unless asked for the traceback
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(
+                f"latprof: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True
+            )
+            ctx.exit(EXIT_INTERNAL)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="latprof")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Find which layer really owns your AI service's p99: DB pool, queueing, provider floor,
+    decode, event loop, HTTP pool, retries or locks."""
+    ctx.obj = {"debug": debug}
+
+
+def _format_option(fn: Any) -> Any:
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(renderers.names()),
+        default="text",
+        show_default=True,
+        help="Report format.",
+    )(fn)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@_format_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
+@click.option(
+    "--skip-warmup",
+    "warmup_s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_WARMUP_S,
+    show_default=True,
+    metavar="S",
+    help="Leave out the first S seconds of each process's traffic.",
+)
+def analyze(paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float) -> None:
+    """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
+
+    PATHS are capture files (.jsonl or .jsonl.gz) or directories of them; several are merged.
+    """
+    from latprof.pipeline import diagnose
+
+    report = diagnose(paths, warmup_s=warmup_s)
+    _emit(lambda out: renderers.get(fmt)(report, out), output)
+
+
+def _emit(write: Any, output: Path | None) -> None:
+    if output is None:
+        write(sys.stdout)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as out:
+            write(out)
+    except OSError as exc:
+        raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from None
+
+
+@main.group(invoke_without_command=True)
+@click.pass_context
+def rules(ctx: click.Context) -> None:
+    """List every rule, or explain one: `latprof rules explain ID`."""
+    if ctx.invoked_subcommand is None:
+        from latprof.engine import discover_rules
+
+        for rule in discover_rules():
+            click.echo(f"{rule.id:<24} {rule.layer:<12} {rule.summary_line()}")
+
+
+@rules.command()
+@click.argument("rule_id")
+def explain(rule_id: str) -> None:
+    """Print a rule's documentation and thresholds."""
+    from latprof.engine import DOC_SECTIONS, discover_rules
+
+    by_id = {rule.id: rule for rule in discover_rules()}
+    rule = by_id.get(rule_id)
+    if rule is None:
+        close = difflib.get_close_matches(rule_id, by_id, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else f"; known rules: {', '.join(by_id)}"
+        raise ConfigError(f"no rule {rule_id!r}{hint}")
+    out: TextIO = sys.stdout
+    out.write(f"{rule.id}  (layer {rule.layer})\n{rule.summary_line()}\n")
+    docs = rule.docs()
+    for section in DOC_SECTIONS:
+        out.write(f"\n{section}:\n")
+        for line in docs.get(section, "").splitlines():
+            out.write(f"    {line}\n" if line.strip() else "\n")
+    fields = rule.threshold_fields()
+    out.write("\nThresholds:\n")
+    if not fields:
+        out.write("    (none)\n")
+    for name, type_name, default in fields:
+        out.write(f"    {name} = {default!r}  ({type_name})\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

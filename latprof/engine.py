@@ -1,0 +1,217 @@
+"""The rule engine: the `Rule` interface, findings, discovery of the built-in rules, and running them."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import pkgutil
+import re
+import textwrap
+import traceback
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
+
+from latprof.analysis import Analysis, LayerStats
+from latprof.layers import LAYERS
+
+SEVERITIES = ("critical", "warning", "info")
+DOC_SECTIONS = ("What it detects", "Why it matters for p99", "Evidence", "How to fix", "Example")
+_ID = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing a rule found: the layer, how bad, how sure, the numbers behind it and the fix.
+
+    `impact_ms` is how much of the tail (mean excess of the slowest 1% over the median) the
+    finding explains. `fingerprint` is stable across runs for the same problem (rule, layer
+    and the finding's subject such as a pool or a statement), not for the same numbers.
+    """
+
+    rule: str
+    layer: str | None
+    severity: str
+    confidence: float
+    impact_ms: float
+    summary: str
+    evidence: Mapping[str, Any]
+    fix: str
+    fingerprint: str
+
+    @property
+    def crashed(self) -> bool:
+        return bool(self.evidence.get("rule_crashed"))
+
+
+@dataclass(frozen=True, slots=True)
+class NoThresholds:
+    """A rule without tunable thresholds."""
+
+
+class Rule:
+    """Base of every rule. A rule is one file in `rules/`, a subclass with a docstring in sections.
+
+    Subclasses set `id` (stable, kebab-case), `layer`, and `Thresholds` (a frozen dataclass
+    whose field names carry their units), and implement `check`.
+    """
+
+    id: ClassVar[str] = ""
+    layer: ClassVar[str] = ""
+    Thresholds: ClassVar[type] = NoThresholds
+
+    def __init__(self, thresholds: Any = None) -> None:
+        self.thresholds = thresholds if thresholds is not None else self.Thresholds()
+
+    def check(self, analysis: Analysis) -> Iterable[Finding]:
+        raise NotImplementedError
+
+    def finding(
+        self,
+        *,
+        severity: str,
+        confidence: float,
+        impact_ms: float,
+        summary: str,
+        evidence: Mapping[str, Any],
+        fix: str,
+        subject: str = "",
+        layer: str | None = None,
+    ) -> Finding:
+        """Build a finding of this rule; `subject` (a pool, a statement) makes its fingerprint."""
+        if severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, not {severity!r}")
+        layer = layer or self.layer
+        return Finding(
+            rule=self.id,
+            layer=layer,
+            severity=severity,
+            confidence=round(min(1.0, max(0.0, confidence)), 3),
+            impact_ms=round(max(0.0, impact_ms), 3),
+            summary=summary,
+            evidence=dict(evidence),
+            fix=fix,
+            fingerprint=fingerprint(self.id, layer, subject),
+        )
+
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        """The rule's documentation, by section (`DOC_SECTIONS`), from its docstring."""
+        return parse_doc_sections(cls.__doc__ or "")
+
+    @classmethod
+    def summary_line(cls) -> str:
+        return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+    @classmethod
+    def threshold_fields(cls) -> list[tuple[str, str, Any]]:
+        """(name, type, default) of each threshold."""
+        return [
+            (f.name, f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type)), f.default)
+            for f in dataclasses.fields(cls.Thresholds)
+        ]
+
+
+def fingerprint(rule_id: str, layer: str | None, subject: str) -> str:
+    return hashlib.sha1(f"{rule_id}\0{layer}\0{subject}".encode()).hexdigest()[:16]
+
+
+def parse_doc_sections(doc: str) -> dict[str, str]:
+    """Split a docstring into its `Title:`-headed sections (the first line is the summary)."""
+    sections: dict[str, list[str]] = {}
+    current: str | None = None
+    lines = doc.expandtabs().splitlines()
+    indent = min((len(line) - len(line.lstrip()) for line in lines[1:] if line.strip()), default=0)
+    for line in lines[1:]:
+        text = line[indent:] if len(line) >= indent else line.strip()
+        title = text.rstrip().rstrip(":")
+        if text.rstrip().endswith(":") and title in DOC_SECTIONS:
+            current = title
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(text.rstrip())
+    return {name: textwrap.dedent("\n".join(body)).strip("\n") for name, body in sections.items()}
+
+
+def validate_rule_class(cls: type[Rule]) -> None:
+    """Raise TypeError when a rule class breaks the contract (id, layer, thresholds, docs)."""
+    if not _ID.match(cls.id or ""):
+        raise TypeError(f"{cls.__name__}: id {cls.id!r} is not a kebab-case id")
+    if cls.layer not in LAYERS:
+        raise TypeError(f"{cls.__name__}: layer {cls.layer!r} is not a report-v1 layer")
+    params = getattr(cls.Thresholds, "__dataclass_params__", None)
+    if params is None or not params.frozen:
+        raise TypeError(f"{cls.__name__}: Thresholds must be a frozen dataclass")
+    missing = [s for s in DOC_SECTIONS if not cls.docs().get(s)]
+    if missing:
+        raise TypeError(f"{cls.__name__}: docstring lacks section(s) {', '.join(missing)}")
+
+
+def discover_rules() -> list[type[Rule]]:
+    """Every built-in rule: each module in `latprof.rules` is imported and its Rule subclasses kept."""
+    import latprof.rules as package
+
+    found: dict[str, type[Rule]] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, Rule) and value.__module__ == module.__name__ and value.id:
+                validate_rule_class(value)
+                if value.id in found:
+                    raise TypeError(f"rule id {value.id!r} is defined twice")
+                found[value.id] = value
+    return [found[k] for k in sorted(found)]
+
+
+def run_rules(analysis: Analysis, rules: Sequence[Rule]) -> list[Finding]:
+    """Run each rule; a rule that raises becomes a finding of its own. Sorted by impact, largest first."""
+    findings: list[Finding] = []
+    for rule in rules:
+        try:
+            findings.extend(rule.check(analysis))
+        except Exception as exc:  # a broken rule must not take the report down with it
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            findings.append(
+                Finding(
+                    rule=rule.id,
+                    layer=None,
+                    severity="warning",
+                    confidence=0.0,
+                    impact_ms=0.0,
+                    summary=f"rule {rule.id} crashed ({type(exc).__name__}: {exc}); its check did not run",
+                    evidence={
+                        "rule_crashed": True,
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "at": f"{where.filename}:{where.lineno}",
+                    },
+                    fix="report this as a latprof bug, with the capture if you can share it",
+                    fingerprint=fingerprint(rule.id, None, "crash"),
+                )
+            )
+    findings.sort(key=lambda f: (-f.impact_ms, f.rule, f.fingerprint))
+    return findings
+
+
+# --- helpers rules share ----------------------------------------------------------------------
+
+
+def owns_tail(stats: LayerStats, *, min_share: float, min_excess_ms: float) -> bool:
+    """True when a layer explains at least `min_share` of the tail excess and `min_excess_ms` of it."""
+    return stats.tail_excess_ms >= min_excess_ms and stats.share_of_tail_excess >= min_share
+
+
+def severity_for_share(share: float, critical_at: float = 0.5) -> str:
+    return "critical" if share >= critical_at else "warning"
+
+
+def fmt_ms(ms: float) -> str:
+    """Format milliseconds the way findings print them: `840 ms`, `6.2 s`."""
+    if ms >= 10_000:
+        return f"{ms / 1000:.0f} s"
+    if ms >= 1000:
+        return f"{ms / 1000:.1f} s"
+    if ms >= 10:
+        return f"{ms:.0f} ms"
+    return f"{ms:.1f} ms"

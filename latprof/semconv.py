@@ -1,0 +1,53 @@
+"""Names of attributes and gauges: OpenTelemetry's where one exists, latprof's own fenced under `latprof.`."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- OpenTelemetry semantic conventions (reused as they are) ------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+DB_SYSTEM_NAME: Final = "db.system.name"
+DB_OPERATION_NAME: Final = "db.operation.name"
+DB_QUERY_SUMMARY: Final = "db.query.summary"
+DB_POOL_NAME: Final = "db.client.connection.pool.name"
+SERVER_ADDRESS: Final = "server.address"
+HTTP_ROUTE: Final = "http.route"
+HTTP_STATUS_CODE: Final = "http.response.status_code"
+
+# --- latprof's own attributes --------------------------------------------------------------
+#: bool on an LLM segment: False when the call was not streamed and TTFT was not observed.
+TTFT_KNOWN: Final = "latprof.ttft_known"
+#: str shared by the provider and model segments of one LLM call.
+LLM_CALL_ID: Final = "latprof.llm_call_id"
+#: bool: the segment's boundaries are an estimate, not a measurement.
+ESTIMATED: Final = "latprof.estimated"
+#: str on a `queue` segment: what the request queued in (backlog, threadpool, limiter, header).
+QUEUE_SOURCE: Final = "latprof.queue.source"
+
+#: Name of a layer-less segment marking how long a request held a pooled DB connection
+#: (checkout to checkin). It owns no time on the critical path; rules read it.
+SEGMENT_CONNECTION_HOLD: Final = "db.connection.hold"
+
+# --- gauges (name carries the unit where there is one) ------------------------------------
+GAUGE_POOL_SIZE: Final = "db.pool.size"  # connections open
+GAUGE_POOL_MAX: Final = "db.pool.max"  # most connections the pool may open
+GAUGE_POOL_IN_USE: Final = "db.pool.in_use"  # connections checked out
+GAUGE_POOL_WAITERS: Final = "db.pool.waiters"  # callers waiting for a connection
+GAUGE_LOOP_LAG_MS: Final = "event_loop.lag_ms"
+GAUGE_ACCEPT_QUEUE: Final = "accept.queue_depth"  # LISTEN socket rx_queue
+GAUGE_CPU_PERCENT: Final = "process.cpu_percent"
+
+# --- collection-quality record kinds --------------------------------------------------------
+NOTE_HOOKS_LOADED: Final = "hooks_loaded"
+NOTE_DROPPED: Final = "dropped"
+NOTE_ERROR: Final = "error"
+NOTE_PERMISSION: Final = "permission"
+NOTE_CLOCK: Final = "clock"
+NOTE_WARNING: Final = "warning"
+#: attrs `cpu_percent` and `added_ms_per_request`: what collection cost the observed process.
+NOTE_OVERHEAD: Final = "overhead"

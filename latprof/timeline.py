@@ -1,0 +1,129 @@
+"""Build the timeline: requests with their segments, gauges by name, samples and quality records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from latprof.capture.reader import CaptureData
+from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
+from latprof.semconv import NOTE_HOOKS_LOADED
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimeline:
+    """One request root and every segment recorded for it."""
+
+    request: Request
+    segments: tuple[Segment, ...]
+
+    @property
+    def latency_ns(self) -> int:
+        return self.request.end_ns - self.request.start_ns
+
+
+@dataclass
+class Timeline:
+    """What the analysis reads: requests sorted by arrival, gauges and samples by time."""
+
+    source_kind: str
+    inputs: list[str]
+    requests: list[RequestTimeline]
+    gauges: dict[str, list[Gauge]] = field(default_factory=dict)
+    samples: list[StackSample] = field(default_factory=list)
+    quality: list[QualityRecord] = field(default_factory=list)
+    headers: list[dict[str, Any]] = field(default_factory=list)
+    #: Segments whose request never completed in the capture (in flight when it stopped).
+    orphan_segments: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def collectors(self) -> list[str]:
+        """Collectors that said they loaded (from "hooks loaded" records and headers)."""
+        names: list[str] = []
+        for record in self.quality:
+            if record.kind == NOTE_HOOKS_LOADED:
+                for name in record.attrs.get("collectors", ()):
+                    if name not in names:
+                        names.append(str(name))
+        for header in self.headers:
+            for name in header.get("collectors", ()):
+                if name not in names:
+                    names.append(str(name))
+        return names
+
+
+def build_timeline(data: CaptureData) -> Timeline:
+    """Group segments under their request roots and index gauges by name.
+
+    A segment whose request root is not in the capture (the request was still in flight when
+    collection stopped) is counted in `orphan_segments` and left out. A request id seen twice
+    keeps its first root. Requests are sorted by arrival; gauges by time.
+    """
+    by_request: dict[str, list[Segment]] = {}
+    for segment in data.segments:
+        bucket = by_request.get(segment.request_id)
+        if bucket is None:
+            by_request[segment.request_id] = [segment]
+        else:
+            bucket.append(segment)
+
+    requests: list[RequestTimeline] = []
+    seen: set[str] = set()
+    duplicates = 0
+    bad_times = 0
+    for request in data.requests:
+        rid = request.request_id
+        if rid in seen:
+            duplicates += 1
+            continue
+        seen.add(rid)
+        if request.end_ns < request.start_ns:
+            bad_times += 1
+            continue
+        requests.append(RequestTimeline(request, tuple(by_request.pop(rid, ()))))
+    requests.sort(key=lambda r: r.request.start_ns)
+    orphans = sum(len(v) for v in by_request.values())
+
+    gauges: dict[str, list[Gauge]] = {}
+    for gauge in data.gauges:
+        gauges.setdefault(gauge.name, []).append(gauge)
+    for series in gauges.values():
+        series.sort(key=lambda g: g.ts_ns)
+
+    warnings = list(data.warnings)
+    if orphans:
+        warnings.append(
+            f"{orphans} segment(s) belong to {len(by_request)} request(s) that had not completed when collection stopped; left out"
+        )
+    if duplicates:
+        warnings.append(f"{duplicates} request(s) recorded twice under one id; kept the first")
+    if bad_times:
+        warnings.append(f"{bad_times} request(s) end before they start (clock step?); left out")
+    warnings.extend(_summarize_quality(data.quality))
+
+    return Timeline(
+        source_kind=data.source_kind,
+        inputs=list(data.inputs),
+        requests=requests,
+        gauges=gauges,
+        samples=sorted(data.samples, key=lambda s: s.ts_ns),
+        quality=list(data.quality),
+        headers=list(data.headers),
+        orphan_segments=orphans,
+        warnings=warnings,
+    )
+
+
+def _summarize_quality(records: list[QualityRecord]) -> list[str]:
+    """One warning per (process, kind, message), counts summed: a writer repeats them per flush."""
+    totals: dict[tuple[int, str, str], int] = {}
+    for record in records:
+        if record.kind != NOTE_HOOKS_LOADED:
+            key = (record.pid, record.kind, record.message)
+            totals[key] = totals.get(key, 0) + record.count
+    lines = []
+    for (pid, kind, message), count in totals.items():
+        text = f"pid {pid}: {kind}" + (f" x{count}" if count != 1 else "")
+        lines.append(text + (f": {message}" if message else ""))
+    return lines

@@ -1,0 +1,174 @@
+"""Rule db-pool-exhaustion: requests wait for a database connection because the pool is used up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from latprof.analysis import NS_PER_MS, Analysis
+from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
+from latprof.layers import DB_POOL, MODEL, PROVIDER
+from latprof.semconv import (
+    DB_POOL_NAME,
+    GAUGE_POOL_IN_USE,
+    GAUGE_POOL_MAX,
+    GAUGE_POOL_SIZE,
+    GAUGE_POOL_WAITERS,
+    SEGMENT_CONNECTION_HOLD,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    min_share_of_tail_excess: float = 0.2
+    min_tail_excess_ms: float = 50.0
+    #: A hold counts as "across an LLM call" when LLM time covers this share of the call.
+    min_llm_overlap_ratio: float = 0.5
+
+
+class DbPoolExhaustion(Rule):
+    """Requests wait for a database connection: the pool is exhausted in the tail.
+
+    What it detects:
+        The `db.pool` layer (time waiting to check a connection out of a database or cache
+        pool) explains a large part of the tail: the slowest requests waited for a
+        connection far longer than the median one. When the capture shows how long each
+        request held its connection, it also says whether connections were held across LLM
+        calls.
+
+    Why it matters for p99:
+        A pool is a queue. Once every connection is checked out, each new request waits for
+        one to come back, and waits stack up: at 95% utilisation a small burst turns into
+        seconds of waiting. Holding a connection for the whole request - including an LLM
+        call that takes seconds - multiplies the hold time and exhausts even a large pool.
+
+    Evidence:
+        pool wait p50/p99 and the tail excess; pool max size, peak connections in use, peak
+        waiters and mean utilisation from the pool gauges; how many requests held their
+        connection across an LLM call and how much of the hold was the LLM call; example
+        request ids.
+
+    How to fix:
+        Do not hold a connection across slow non-database work: commit and release it before
+        the LLM call (`with Session() as s: ...` around the queries only), and open a new one
+        afterwards if you must write the result. Then size the pool for the concurrency you
+        serve (SQLAlchemy `pool_size` + `max_overflow`, psycopg_pool `max_size`), keep
+        transactions short, and set a checkout timeout so overload fails fast.
+
+    Example:
+        A chat endpoint with `pool_size=5` opens a session, loads the conversation, calls
+        the LLM for 2 s and saves the answer before closing the session. At 10 requests/s
+        the pool is at 100% and the slowest 1% wait 6 s for a connection: db.pool owns 85% of
+        the tail excess while the LLM itself is unchanged.
+    """
+
+    id = "db-pool-exhaustion"
+    layer = DB_POOL
+    Thresholds = Thresholds
+
+    def check(self, analysis: Analysis) -> Iterable[Finding]:
+        t: Thresholds = self.thresholds
+        stats = analysis.layer(DB_POOL)
+        if not owns_tail(stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
+            return
+        evidence: dict[str, object] = {
+            "pool_wait_p50_ms": round(stats.p50_ms, 3),
+            "pool_wait_p99_ms": round(stats.p99_ms, 3),
+            "tail_excess_ms": round(stats.tail_excess_ms, 3),
+            "share_of_tail_excess": round(stats.share_of_tail_excess, 4),
+        }
+        pools = sorted({str(s.attrs.get(DB_POOL_NAME)) for _, s in analysis.segments(DB_POOL) if s.attrs.get(DB_POOL_NAME)})
+        if pools:
+            evidence["pools"] = pools
+        evidence.update(_pool_gauges(analysis))
+        held = _held_across_llm(analysis, t.min_llm_overlap_ratio)
+        evidence.update(held)
+        tail = analysis.cohort("tail")
+        examples = sorted(
+            range(len(tail)), key=lambda i: -analysis.breakdowns[analysis.groups.tail[i]].get(DB_POOL, 0.0)
+        )[:3]
+        evidence["example_request_ids"] = [tail[i].request.request_id for i in examples]
+
+        size_note = ""
+        if "pool_max" in evidence and "peak_in_use" in evidence:
+            size_note = f" (pool max {evidence['pool_max']:g}, peak {evidence['peak_in_use']:g} in use"
+            if "peak_waiters" in evidence:
+                size_note += f", up to {evidence['peak_waiters']:g} waiting"
+            size_note += ")"
+        summary = (
+            f"The slowest 1% of requests waited {fmt_ms(stats.tail_excess_ms)} longer for a database connection"
+            f" than the median request{size_note}"
+        )
+        if held.get("held_across_llm_requests"):
+            share = held["held_across_llm_share"]
+            summary += f"; {share:.0%} of requests held their connection across an LLM call"  # type: ignore[str-format]
+            fix = (
+                "Release the database connection before the LLM call: end the session/transaction after the"
+                " queries and open a new one to store the result. Connections are held for"
+                f" {fmt_ms(float(held['mean_hold_ms']))} on average, {fmt_ms(float(held['mean_llm_ms_while_held']))}"  # type: ignore[arg-type]
+                " of it waiting on the LLM."
+            )
+        else:
+            fix = (
+                "Size the pool for the concurrency served (pool_size + max_overflow / max_size), keep"
+                " transactions short and release connections before slow non-database work; set a checkout"
+                " timeout so overload fails fast instead of queueing."
+            )
+        yield self.finding(
+            severity=severity_for_share(stats.share_of_tail_excess),
+            confidence=min(1.0, stats.share_of_tail_excess + (0.2 if "peak_in_use" in evidence else 0.0)),
+            impact_ms=stats.tail_excess_ms,
+            summary=summary + ".",
+            evidence=evidence,
+            fix=fix,
+            subject=",".join(pools),
+        )
+
+
+def _pool_gauges(analysis: Analysis) -> dict[str, float]:
+    """Peak size/in-use/waiters and mean utilisation from the pool gauges, where recorded."""
+    gauges = analysis.timeline.gauges
+    out: dict[str, float] = {}
+    maxima = [g.value for g in gauges.get(GAUGE_POOL_MAX, ())]
+    in_use = gauges.get(GAUGE_POOL_IN_USE, [])
+    if maxima:
+        out["pool_max"] = max(maxima)
+    if gauges.get(GAUGE_POOL_SIZE):
+        out["peak_pool_size"] = max(g.value for g in gauges[GAUGE_POOL_SIZE])
+    if in_use:
+        out["peak_in_use"] = max(g.value for g in in_use)
+        if maxima and max(maxima) > 0:
+            out["mean_utilisation"] = round(sum(g.value for g in in_use) / len(in_use) / max(maxima), 4)
+    if gauges.get(GAUGE_POOL_WAITERS):
+        out["peak_waiters"] = max(g.value for g in gauges[GAUGE_POOL_WAITERS])
+    return out
+
+
+def _held_across_llm(analysis: Analysis, min_overlap: float) -> dict[str, float]:
+    """How many requests held a pooled connection across an LLM call, and for how long."""
+    holders = across = 0
+    hold_ns = llm_in_hold_ns = 0
+    for rt in analysis.requests:
+        holds = [s for s in rt.segments if s.name == SEGMENT_CONNECTION_HOLD]
+        if not holds:
+            continue
+        holders += 1
+        llm = [s for s in rt.segments if s.layer in (PROVIDER, MODEL)]
+        request_across = False
+        for hold in holds:
+            hold_ns += hold.end_ns - hold.start_ns
+            inside = sum(max(0, min(hold.end_ns, s.end_ns) - max(hold.start_ns, s.start_ns)) for s in llm)
+            llm_in_hold_ns += inside
+            total_llm = sum(s.end_ns - s.start_ns for s in llm)
+            if total_llm and inside / total_llm >= min_overlap:
+                request_across = True
+        across += request_across
+    if not holders:
+        return {}
+    return {
+        "requests_with_hold": holders,
+        "held_across_llm_requests": across,
+        "held_across_llm_share": round(across / holders, 4),
+        "mean_hold_ms": round(hold_ns / holders / NS_PER_MS, 3),
+        "mean_llm_ms_while_held": round(llm_in_hold_ns / holders / NS_PER_MS, 3),
+    }
