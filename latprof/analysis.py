@@ -7,6 +7,7 @@ them. Times inside a request are integer nanoseconds; everything reported is mil
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -41,25 +42,60 @@ def critical_path(rt: RequestTimeline) -> dict[str | None, int]:
       off the root; segments that end before they start are ignored.
     """
     request = rt.request
+    start, end = request.start_ns, request.end_ns
+    segments = rt.segments
+    if not segments:
+        return {None: end - start}
+    for segment in segments:
+        if segment.parent_id is not None:
+            break
+    else:
+        return _walk_flat(start, end, segments)
     out: dict[str | None, int] = {None: 0}
-    if not rt.segments:
-        out[None] = request.end_ns - request.start_ns
-        return out
-    by_id: dict[str, Segment] = {s.segment_id: s for s in rt.segments}
+    by_id: dict[str, Segment] = {s.segment_id: s for s in segments}
     kids: dict[object, list[Segment]] = {}
-    for segment in rt.segments:
+    for segment in segments:
         if segment.layer is None or segment.end_ns <= segment.start_ns:
             continue
         kids.setdefault(_owner_key(segment, by_id), []).append(segment)
     for siblings in kids.values():
         if len(siblings) > 1:
-            siblings.sort(key=_latest_end_first)
-    _walk(_ROOT, request.start_ns, request.end_ns, None, kids, out)
+            siblings.sort(key=_LATEST_END_FIRST, reverse=True)
+    _walk(_ROOT, start, end, None, kids, out)
     return out
 
 
-def _latest_end_first(segment: Segment) -> tuple[int, int]:
-    return (-segment.end_ns, segment.start_ns)
+def _walk_flat(start: int, end: int, segments: Sequence[Segment]) -> dict[str | None, int]:
+    """`_walk` for the common case of segments that all hang off the root (no nesting)."""
+    out: dict[str | None, int] = {}
+    uncovered = 0
+    cursor = end
+    for child in sorted(segments, key=_LATEST_END_FIRST, reverse=True):
+        if cursor <= start:
+            break
+        child_start = child.start_ns
+        child_end = child.end_ns
+        if child_start >= cursor or child_end <= child_start or child.layer is None:
+            continue
+        if child_end < cursor:
+            gap_start = child_end if child_end > start else start
+            uncovered += cursor - gap_start
+            cursor = gap_start
+            if cursor <= start:
+                break
+        owned_from = child_start if child_start > start else start
+        layer = child.layer
+        out[layer] = out.get(layer, 0) + (cursor - owned_from)
+        cursor = owned_from
+    if cursor > start:
+        uncovered += cursor - start
+    out[None] = uncovered
+    return out
+
+
+# Sort key (with reverse=True): latest end first; of two that end together, the later start
+# (the more specific one) first. Segment is a named tuple: 6 = end_ns, 5 = start_ns.
+_LATEST_END_FIRST = operator.itemgetter(6, 5)
 
 
 def _owner_key(segment: Segment, by_id: Mapping[str, Segment]) -> object:
@@ -172,6 +208,19 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
 
 
+def _percentile_with_zeros(sorted_nonzero: Sequence[float], zeros: int, q: float) -> float:
+    """`percentile` of `zeros` zeros followed by `sorted_nonzero`, without building that list."""
+    n = zeros + len(sorted_nonzero)
+    pos = (n - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+
+    def at(i: int) -> float:
+        return 0.0 if i < zeros else sorted_nonzero[i - zeros]
+
+    return at(lo) + (at(hi) - at(lo)) * (pos - lo)
+
+
 @dataclass(frozen=True, slots=True)
 class LatencySummary:
     """End-to-end latency of the requests analysed, measured from arrival at the socket."""
@@ -256,25 +305,29 @@ def layer_stats(breakdowns: Sequence[Mapping[str, float]], groups: Cohorts) -> d
     cohort; shares sum to 1 over the layers with positive excess (report-v1).
     """
     n = len(breakdowns)
-    columns: dict[str, list[float]] = {}
-    for layer in LAYERS:
-        columns[layer] = [b.get(layer, 0.0) for b in breakdowns] if n else []
+    columns: dict[str, list[float]] = {layer: [0.0] * n for layer in LAYERS}
+    nonzero: dict[str, list[float]] = {layer: [] for layer in LAYERS}
+    for i, breakdown in enumerate(breakdowns):
+        for layer, value in breakdown.items():
+            columns[layer][i] = value
+            nonzero[layer].append(value)
 
     def mean_of(values: list[float], idx: tuple[int, ...]) -> float:
         return sum(values[i] for i in idx) / len(idx) if idx else 0.0
 
     raw: dict[str, tuple[float, float, float, float, float, float, float]] = {}
     for layer, values in columns.items():
-        if not n or not any(values):
+        seen = nonzero[layer]
+        if not seen:
             raw[layer] = (0.0,) * 7  # type: ignore[assignment]
             continue
-        ordered = sorted(values)
+        seen.sort()
         median_mean = mean_of(values, groups.median)
         tail_mean = mean_of(values, groups.tail)
         raw[layer] = (
-            percentile(ordered, 50),
-            percentile(ordered, 99),
-            sum(values) / n,
+            _percentile_with_zeros(seen, n - len(seen), 50),
+            _percentile_with_zeros(seen, n - len(seen), 99),
+            sum(seen) / n,
             median_mean,
             tail_mean,
             tail_mean - median_mean,

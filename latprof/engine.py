@@ -197,9 +197,12 @@ def run_rules(analysis: Analysis, rules: Sequence[Rule]) -> list[Finding]:
 # --- helpers rules share ----------------------------------------------------------------------
 
 
-def owns_tail(stats: LayerStats, *, min_share: float, min_excess_ms: float) -> bool:
-    """True when a layer explains at least `min_share` of the tail excess and `min_excess_ms` of it."""
-    return stats.tail_excess_ms >= min_excess_ms and stats.share_of_tail_excess >= min_share
+def owns_tail(analysis: Analysis, stats: LayerStats, *, min_share: float, min_excess_ms: float) -> bool:
+    """True when there is a tail worth explaining (report-v1) and this layer explains at least
+    `min_share` of its excess over the median and at least `min_excess_ms` of it."""
+    return (
+        analysis.has_tail and stats.tail_excess_ms >= min_excess_ms and stats.share_of_tail_excess >= min_share
+    )
 
 
 def severity_for_share(share: float, critical_at: float = 0.5) -> str:

@@ -3,20 +3,21 @@
 All times are wall-clock nanoseconds since the Unix epoch (`time.time_ns()`), so events from
 several processes and machines line up; durations are derived, never stored. Nothing here
 knows which collector produced it.
+
+The types are typed named tuples: immutable like frozen dataclasses, but built about twice
+as fast, which matters when a capture holds millions of segments (see benchmarks/).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, NamedTuple, Union
 
 #: The shared empty attribute mapping (read-only), so events without attributes cost nothing.
 NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     """A request root: one inbound request, from its arrival at the server to its response.
 
     `start_ns` is when the request's bytes reached the server's socket (or the best
@@ -33,15 +34,14 @@ class Request:
     pid: int
     cpu_ns: int | None = None
     status_code: int | None = None
-    attrs: Mapping[str, Any] = field(default_factory=lambda: NO_ATTRS)
+    attrs: Mapping[str, Any] = NO_ATTRS
 
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(NamedTuple):
     """A timed part of a request, owned by exactly one layer.
 
     `parent_id` is another segment's id, or None when the segment hangs off the request root.
@@ -57,15 +57,14 @@ class Segment:
     start_ns: int
     end_ns: int
     pid: int
-    attrs: Mapping[str, Any] = field(default_factory=lambda: NO_ATTRS)
+    attrs: Mapping[str, Any] = NO_ATTRS
 
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
 
 
-@dataclass(frozen=True, slots=True)
-class Gauge:
+class Gauge(NamedTuple):
     """One reading of a value over time (pool in use, loop lag, accept queue, CPU).
 
     The unit is part of `name` where there is one (`event_loop.lag_ms`); `attrs` says which
@@ -76,11 +75,10 @@ class Gauge:
     value: float
     ts_ns: int
     pid: int
-    attrs: Mapping[str, Any] = field(default_factory=lambda: NO_ATTRS)
+    attrs: Mapping[str, Any] = NO_ATTRS
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     """One Python frame of a stack sample; matched by file suffix and function, never line."""
 
     function: str
@@ -88,8 +86,7 @@ class Frame:
     line: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class StackSample:
+class StackSample(NamedTuple):
     """What one thread was doing at one instant, innermost frame first.
 
     `count` is how many identical consecutive samples this one stands for; `wchan` is the
@@ -106,8 +103,7 @@ class StackSample:
     count: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class QualityRecord:
+class QualityRecord(NamedTuple):
     """How well collection went: hooks loaded, dropped events, errors, permissions, clock notes.
 
     `kind` is one of the `NOTE_*` names in `latprof.semconv`; `count` how many times it
@@ -119,7 +115,7 @@ class QualityRecord:
     pid: int
     message: str = ""
     count: int = 1
-    attrs: Mapping[str, Any] = field(default_factory=lambda: NO_ATTRS)
+    attrs: Mapping[str, Any] = NO_ATTRS
 
 
 Event = Union[Request, Segment, Gauge, StackSample, QualityRecord]

@@ -26,6 +26,8 @@ TTFT_KNOWN: Final = "latprof.ttft_known"
 LLM_CALL_ID: Final = "latprof.llm_call_id"
 #: bool: the segment's boundaries are an estimate, not a measurement.
 ESTIMATED: Final = "latprof.estimated"
+#: bool on an LLM segment from stack samples: TTFT and decode could not be told apart.
+SPLIT_UNKNOWN: Final = "latprof.split_unknown"
 #: str on a `queue` segment: what the request queued in (backlog, threadpool, limiter, header).
 QUEUE_SOURCE: Final = "latprof.queue.source"
 

@@ -60,13 +60,7 @@ def build_timeline(data: CaptureData) -> Timeline:
     collection stopped) is counted in `orphan_segments` and left out. A request id seen twice
     keeps its first root. Requests are sorted by arrival; gauges by time.
     """
-    by_request: dict[str, list[Segment]] = {}
-    for segment in data.segments:
-        bucket = by_request.get(segment.request_id)
-        if bucket is None:
-            by_request[segment.request_id] = [segment]
-        else:
-            bucket.append(segment)
+    by_request = dict(data.segments_by_request)
 
     requests: list[RequestTimeline] = []
     seen: set[str] = set()

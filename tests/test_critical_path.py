@@ -124,3 +124,11 @@ def test_layer_times_split_uncovered_by_measured_cpu():
     assert layer_times_ms(rt) == {"db.query": 40.0, "app": 45.0, "unattributed": 15.0}
     no_cpu = req(0, 100, seg("db.query", 0, 40))
     assert layer_times_ms(no_cpu) == {"db.query": 40.0, "unattributed": 60.0}
+
+
+def test_siblings_ending_together_give_the_overlap_to_the_later_start():
+    # Same end: the one that started later is the more specific one and owns the overlap,
+    # whatever order the capture listed them in.
+    a = req(0, 100, seg("tool", 0, 100), seg("db.query", 50, 100))
+    b = req(0, 100, seg("db.query", 50, 100), seg("tool", 0, 100))
+    assert path_ms(a) == path_ms(b) == {"tool": 50, "db.query": 50}

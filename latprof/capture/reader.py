@@ -7,7 +7,7 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Iterable
 
 import orjson
 
@@ -30,7 +30,9 @@ class CaptureData:
     inputs: list[str] = field(default_factory=list)
     headers: list[dict[str, Any]] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
-    segments: list[Segment] = field(default_factory=list)
+    #: Segments grouped by their request id, each list in file order.
+    segments_by_request: dict[Any, list[Segment]] = field(default_factory=dict)
+    segment_count: int = 0
     gauges: list[Gauge] = field(default_factory=list)
     samples: list[StackSample] = field(default_factory=list)
     quality: list[QualityRecord] = field(default_factory=list)
@@ -48,7 +50,7 @@ class CaptureData:
 
     @property
     def event_count(self) -> int:
-        return len(self.requests) + len(self.segments) + len(self.gauges) + len(self.samples) + len(self.quality)
+        return len(self.requests) + self.segment_count + len(self.gauges) + len(self.samples) + len(self.quality)
 
 
 def expand_inputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -94,25 +96,10 @@ def _open(path: Path) -> IO[bytes]:
         raise InputError(f"{path}: is a directory") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    if raw.peek(2)[:2] == _GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
-
-
-def _lines(path: Path, data: CaptureData) -> Iterator[tuple[int, bytes]]:
-    """Yield (line number, line) pairs; a truncated gzip stream ends the file with a warning."""
-    stream = _open(path)
-    lineno = 0
-    try:
-        for line in stream:
-            lineno += 1
-            yield lineno, line
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        data.warnings.append(f"{path}: compressed stream is truncated or damaged after line {lineno} ({exc}); read what came before it")
-    except OSError as exc:
-        raise InputError(f"{path}: read failed after line {lineno}: {exc.strerror or exc}") from None
-    finally:
-        stream.close()
+    if raw.peek(2)[:2] != _GZIP_MAGIC:
+        return raw
+    raw.close()
+    return gzip.open(path, "rb")  # type: ignore[return-value]
 
 
 def _check_header(path: Path, lineno: int, header: dict[str, Any]) -> None:
@@ -127,92 +114,113 @@ def _check_header(path: Path, lineno: int, header: dict[str, Any]) -> None:
 
 
 def _read_file(path: Path, data: CaptureData) -> None:
+    """Append one file's events to `data`. This loop is the hot path of `latprof analyze`."""
     loads = orjson.loads
     JSONDecodeError = orjson.JSONDecodeError
     layers = _LAYER_INTERN
+    by_request = data.segments_by_request
     requests_append = data.requests.append
-    segments_append = data.segments.append
     no_attrs = NO_ATTRS
     seen_header = False
     torn: tuple[int, str] | None = None  # a bad line is fatal unless it turns out to be the last
     unknown_types: dict[str, int] = {}
+    # Names and pids repeat across a million segments: keep one object of each.
+    shared: dict[Any, Any] = {}
+    lineno = 0
+    segments = 0
 
-    for lineno, line in _lines(path, data):
-        if torn is not None:
-            raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the capture is damaged before its end")
-        if not line.strip():
-            continue
-        try:
-            d = loads(line)
-        except JSONDecodeError as exc:
-            if not seen_header:
-                raise InputError(_not_a_capture(path, line)) from None
-            torn = (lineno, f"not valid JSON: {exc}")
-            continue
-        try:
-            kind = d["type"]
-            if kind == "segment":
-                layer = d.get("layer")
-                if layer not in layers:
-                    raise ValueError(f"unknown layer {layer!r}")
-                parent = d.get("parent_id")
-                attrs = d.get("attrs")
-                segments_append(
-                    Segment(
-                        str(d["request_id"]),
-                        str(d["segment_id"]),
-                        None if parent is None else str(parent),
-                        str(d["name"]),
+    stream = _open(path)
+    try:
+        for line in stream:
+            lineno += 1
+            if torn is not None:
+                if not line.strip():
+                    continue
+                raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the capture is damaged before its end")
+            try:
+                d = loads(line)
+                kind = d["type"]
+                if kind == "segment":
+                    layer = d.get("layer")
+                    if layer not in layers:
+                        raise ValueError(f"unknown layer {layer!r}")
+                    rid = d["request_id"]
+                    bucket = by_request.get(rid)
+                    if bucket is not None:
+                        rid = bucket[0].request_id  # share one id string per request
+                    attrs = d.get("attrs")
+                    name = d["name"]
+                    segment = Segment(
+                        rid,
+                        d["segment_id"],
+                        d.get("parent_id"),
+                        shared.setdefault(name, name),
                         layers[layer],
                         int(d["start_ns"]),
                         int(d["end_ns"]),
-                        int(d["pid"]),
+                        shared.setdefault(int(d["pid"]), int(d["pid"])),
                         no_attrs if attrs is None else _check_attrs(attrs),
                     )
-                )
-            elif kind == "request":
-                attrs = d.get("attrs")
-                cpu = d.get("cpu_ns")
-                status = d.get("status_code")
-                requests_append(
-                    Request(
-                        str(d["request_id"]),
-                        str(d["route"]),
-                        int(d["start_ns"]),
-                        int(d["end_ns"]),
-                        int(d["pid"]),
-                        None if cpu is None else int(cpu),
-                        None if status is None else int(status),
-                        no_attrs if attrs is None else _check_attrs(attrs),
+                    if bucket is None:
+                        by_request[rid] = [segment]
+                    else:
+                        bucket.append(segment)
+                    segments += 1
+                elif kind == "request":
+                    attrs = d.get("attrs")
+                    cpu = d.get("cpu_ns")
+                    status = d.get("status_code")
+                    requests_append(
+                        Request(
+                            d["request_id"],
+                            str(d["route"]),
+                            int(d["start_ns"]),
+                            int(d["end_ns"]),
+                            int(d["pid"]),
+                            None if cpu is None else int(cpu),
+                            None if status is None else int(status),
+                            no_attrs if attrs is None else _check_attrs(attrs),
+                        )
                     )
-                )
-            elif kind == "header":
-                _check_header(path, lineno, d)
-                seen_header = True
-                data.headers.append(d)
-            elif not seen_header:
-                raise InputError(_not_a_capture(path, line))
-            elif kind == "gauge":
-                data.gauges.append(DECODERS[kind](d))  # type: ignore[arg-type]
-            elif kind == "stack":
-                data.samples.append(DECODERS[kind](d))  # type: ignore[arg-type]
-            elif kind == "quality":
-                data.quality.append(DECODERS[kind](d))  # type: ignore[arg-type]
-            else:
-                # A newer writer's event type: skip it, say so once.
-                unknown_types[str(kind)] = unknown_types.get(str(kind), 0) + 1
-        except InputError:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            if not isinstance(d, dict) or not seen_header:
-                raise InputError(_not_a_capture(path, line)) from None
-            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-            torn = (lineno, what)
+                elif kind == "header":
+                    _check_header(path, lineno, d)
+                    seen_header = True
+                    data.headers.append(d)
+                elif not seen_header:
+                    raise InputError(_not_a_capture(path, line))
+                elif kind == "gauge":
+                    data.gauges.append(DECODERS[kind](d))  # type: ignore[arg-type]
+                elif kind == "stack":
+                    data.samples.append(DECODERS[kind](d))  # type: ignore[arg-type]
+                elif kind == "quality":
+                    data.quality.append(DECODERS[kind](d))  # type: ignore[arg-type]
+                else:
+                    # A newer writer's event type: skip it, say so once.
+                    unknown_types[str(kind)] = unknown_types.get(str(kind), 0) + 1
+            except JSONDecodeError as exc:
+                if not line.strip():
+                    continue
+                if not seen_header:
+                    raise InputError(_not_a_capture(path, line)) from None
+                torn = (lineno, f"not valid JSON: {exc}")
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                if not seen_header:
+                    raise InputError(_not_a_capture(path, line)) from None
+                torn = (lineno, f"missing field {exc}" if isinstance(exc, KeyError) else str(exc))
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        data.warnings.append(
+            f"{path}: compressed stream is truncated or damaged after line {lineno} ({exc}); read what came before it"
+        )
+    except OSError as exc:
+        raise InputError(f"{path}: read failed after line {lineno}: {exc.strerror or exc}") from None
+    finally:
+        stream.close()
 
+    data.segment_count += segments
     if torn is not None:
         data.warnings.append(f"{path}:{torn[0]}: skipped a torn last line ({torn[1]})")
     if not seen_header:
-        raise InputError(f"{path}: file is empty" if torn is None else _not_a_capture(path, b""))
+        raise InputError(f"{path}: file is empty" if lineno == 0 or torn is None else _not_a_capture(path, b""))
     for kind, count in sorted(unknown_types.items()):
         data.warnings.append(f"{path}: skipped {count} event(s) of unknown type {kind!r} (written by a newer latprof?)")
 
