@@ -69,7 +69,7 @@ class DbPoolExhaustion(Rule):
     def check(self, analysis: Analysis) -> Iterable[Finding]:
         t: Thresholds = self.thresholds
         stats = analysis.layer(DB_POOL)
-        if not owns_tail(stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
+        if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
             return
         evidence: dict[str, object] = {
             "pool_wait_p50_ms": round(stats.p50_ms, 3),

@@ -1,0 +1,224 @@
+"""Rule event-loop-blocked: blocking or CPU-heavy work on the asyncio event loop stalls every request in flight."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, TypeVar
+
+from latprof.analysis import Analysis, percentile
+from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
+from latprof.events import Frame, Gauge, StackSample
+from latprof.layers import EVENT_LOOP
+from latprof.semconv import GAUGE_LOOP_LAG_MS
+
+#: A standard-library file: what follows `lib/python3.12/`.
+_STDLIB = re.compile(r"/lib/python\d+(?:\.\d+)?/(.+)$")
+_Timed = TypeVar("_Timed", Gauge, StackSample)
+
+#: How many of the hottest frames the evidence names.
+_HOT_FRAMES = 3
+#: Files whose frames mark a thread as one running an asyncio event loop.
+_LOOP_FILES = ("asyncio/base_events.py", "asyncio/runners.py", "asyncio/events.py")
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    min_share_of_tail_excess: float = 0.2
+    min_tail_excess_ms: float = 50.0
+    #: Loop-lag readings at or above this, at p99, fire the rule even without event_loop segments.
+    min_lag_p99_ms: float = 100.0
+
+
+class EventLoopBlocked(Rule):
+    """The asyncio event loop is blocked: requests that are ready to run wait for it in the tail.
+
+    What it detects:
+        The `event_loop` layer (time a request was ready to run but the asyncio event loop
+        was busy with other work) explains a large part of the tail, or the loop-lag probe
+        (`event_loop.lag_ms`, how late a periodic callback ran) shows a p99 lag at or above
+        `min_lag_p99_ms` even where no event_loop segments were recorded. With segments the
+        impact is the layer's tail excess; from the lag gauge alone it cannot be tied to
+        requests, so the finding is a warning with no impact (or `info` when segments were
+        recorded and show the stalls do not land on the slow requests).
+
+    Why it matters for p99:
+        One event loop serves every request of the process. A handler that calls a sync SDK,
+        a sync database driver, `time.sleep`, or does 300 ms of CPU work (parsing, tokenising,
+        rendering) inside `async def` freezes all of them: every request in flight, even ones
+        waiting on nothing, is delayed by the whole stall. A rare slow endpoint becomes
+        everybody's tail.
+
+    Evidence:
+        event_loop p50/p99 and its tail excess and share (when segments were recorded); loop
+        lag p99 and max from the gauge, how many readings there were and how many reached
+        the threshold; when stack samples were captured, the three hottest innermost frames
+        of the active samples, as "function (file)" with their share of those samples - on
+        the event-loop thread when it can be recognised (asyncio frames on its stack), else
+        across all threads; example request ids. Gauges and samples outside the analysed
+        requests' time span (before traffic started, warm-up) are left out.
+
+    How to fix:
+        Move blocking or CPU-heavy work off the loop: `await asyncio.to_thread(fn, ...)` or
+        `loop.run_in_executor(...)` for blocking calls, a `ProcessPoolExecutor` for CPU-bound
+        work (the GIL makes threads no help there). Use async drivers and clients
+        (asyncpg or psycopg's async connection, httpx.AsyncClient, the SDK's Async* client);
+        never call a sync SDK client in an `async def` handler - declare the handler `def`
+        so the framework runs it in its thread pool instead. `PYTHONASYNCIODEBUG=1` (slow
+        callback warnings) finds the culprit in development.
+
+    Example:
+        A FastAPI service streams chat completions with the async OpenAI client, but its
+        `async def export()` endpoint renders a PDF synchronously for 500 ms. Whenever a
+        dashboard hits /export, every chat request in flight stalls: loop lag p99 is 480 ms,
+        and event_loop owns 70% of the tail excess of POST /chat.
+    """
+
+    id = "event-loop-blocked"
+    layer = EVENT_LOOP
+    Thresholds = Thresholds
+
+    def check(self, analysis: Analysis) -> Iterable[Finding]:
+        t: Thresholds = self.thresholds
+        stats = analysis.layer(EVENT_LOOP)
+        owns = owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms)
+        lag = sorted(g.value for g in _in_traffic(analysis, analysis.timeline.gauges.get(GAUGE_LOOP_LAG_MS, ())))
+        lag_p99 = percentile(lag, 99) if lag else 0.0
+        lagging = bool(lag) and lag_p99 >= t.min_lag_p99_ms
+        if not owns and not lagging:
+            return
+
+        evidence: dict[str, object] = {}
+        if stats.seen:
+            evidence.update(
+                event_loop_p50_ms=round(stats.p50_ms, 3),
+                event_loop_p99_ms=round(stats.p99_ms, 3),
+                tail_excess_ms=round(stats.tail_excess_ms, 3),
+                share_of_tail_excess=round(stats.share_of_tail_excess, 4),
+            )
+        if lag:
+            evidence.update(
+                lag_p99_ms=round(lag_p99, 3),
+                lag_max_ms=round(lag[-1], 3),
+                lag_readings=len(lag),
+                lag_readings_over_threshold=sum(1 for v in lag if v >= t.min_lag_p99_ms),
+                lag_threshold_ms=t.min_lag_p99_ms,
+            )
+        hot, scope = _hot_frames(_in_traffic(analysis, analysis.timeline.samples))
+        if hot:
+            evidence["hot_frames"] = hot
+            evidence["hot_frames_scope"] = scope
+        if stats.seen:
+            tail = analysis.groups.tail
+            examples = sorted(tail, key=lambda i: -analysis.breakdowns[i].get(EVENT_LOOP, 0.0))[:3]
+            evidence["example_request_ids"] = [
+                analysis.requests[i].request.request_id for i in examples if analysis.breakdowns[i].get(EVENT_LOOP)
+            ]
+
+        if owns:
+            summary = (
+                f"The slowest 1% of requests waited {fmt_ms(stats.tail_excess_ms)} longer than the median request"
+                f" for a blocked event loop (event_loop p99 {fmt_ms(stats.p99_ms)}"
+                + (f", loop lag p99 {fmt_ms(lag_p99)}" if lag else "")
+                + ")"
+            )
+            severity = severity_for_share(stats.share_of_tail_excess)
+            confidence = stats.share_of_tail_excess + (0.2 if lagging else 0.0) + (0.1 if hot else 0.0)
+        else:
+            over = evidence["lag_readings_over_threshold"]
+            summary = (
+                f"The event loop was blocked: loop lag p99 {fmt_ms(lag_p99)}, max {fmt_ms(lag[-1])}"
+                f" ({over} of {len(lag)} readings at or over {fmt_ms(t.min_lag_p99_ms)})"
+            )
+            if stats.seen:
+                # Segments were recorded and say the stalls are not what makes the tail slow.
+                summary += f", but event_loop explains only {fmt_ms(max(0.0, stats.tail_excess_ms))} of the tail"
+                severity, confidence = "info", 0.3
+            else:
+                summary += "; no event_loop segments were recorded to tie the stalls to requests"
+                severity, confidence = "warning", 0.5
+        if hot:
+            where = "on the loop" if scope == "event-loop thread" else "active frame"
+            summary += f"; hottest {where}: {hot[0]['frame']} ({hot[0]['share']:.0%} of samples)"
+
+        yield self.finding(
+            severity=severity,
+            confidence=confidence,
+            impact_ms=max(0.0, stats.tail_excess_ms),
+            summary=summary + ".",
+            evidence=evidence,
+            fix=_fix(hot),
+            # One loop problem per service; the blocking frame is evidence, not identity, since a
+            # capture without stack samples must fingerprint the same as one with them.
+            subject="",
+        )
+
+
+def _in_traffic(analysis: Analysis, events: Iterable[_Timed]) -> list[_Timed]:
+    """The events recorded while each process served analysed requests (not before, not in warm-up).
+
+    Per process, the span runs from its first analysed arrival to its last response; events of a
+    process with no analysed requests use the span of all of them; with no requests at all
+    (attach mode) every event is kept.
+    """
+    if not analysis.requests:
+        return list(events)
+    spans: dict[int, tuple[int, int]] = {}
+    for rt in analysis.requests:
+        pid, start, end = rt.request.pid, rt.request.start_ns, rt.request.end_ns
+        lo, hi = spans.get(pid, (start, end))
+        spans[pid] = (min(lo, start), max(hi, end))
+    everywhere = (min(lo for lo, _ in spans.values()), max(hi for _, hi in spans.values()))
+    out: list[_Timed] = []
+    for event in events:
+        lo, hi = spans.get(event.pid, everywhere)
+        if lo <= event.ts_ns <= hi:
+            out.append(event)
+    return out
+
+
+def _hot_frames(samples: Iterable[StackSample]) -> tuple[list[dict[str, object]], str]:
+    """The hottest innermost frames of the active samples, on the event-loop threads if recognisable.
+
+    Returns ([{"frame": "function (file)", "share": 0.42}, ...], scope) with at most `_HOT_FRAMES`
+    entries; share is of the active samples in scope, weighted by each sample's `count`.
+    """
+    samples = [s for s in samples if s.frames]
+    loop_threads = {(s.pid, s.tid) for s in samples if any(f.filename.endswith(_LOOP_FILES) for f in s.frames)}
+    active = [s for s in samples if s.active]
+    scope = "event-loop thread"
+    on_loop = [s for s in active if (s.pid, s.tid) in loop_threads]
+    if not on_loop:
+        on_loop, scope = active, "all threads"
+    counts: Counter[str] = Counter()
+    for sample in on_loop:
+        counts[_label(sample.frames[0])] += sample.count
+    total = sum(counts.values())
+    if not total:
+        return [], scope
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:_HOT_FRAMES]
+    return [{"frame": label, "share": round(n / total, 4)} for label, n in ranked], scope
+
+
+def _label(frame: Frame) -> str:
+    """'function (file)': the module path for libraries and the stdlib, the last two parts otherwise."""
+    path = frame.filename.replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return f"{frame.function} ({path.rsplit(marker, 1)[1]})"
+    stdlib = _STDLIB.search(path)
+    if stdlib:
+        return f"{frame.function} ({stdlib.group(1)})"
+    return f"{frame.function} ({'/'.join(path.split('/')[-2:])})"
+
+
+def _fix(hot: list[dict[str, object]]) -> str:
+    what = hot[0]["frame"] if hot else "blocking or CPU-heavy work"
+    first = f"Move {what} off the event loop: "
+    return (
+        first + "`await asyncio.to_thread(...)` / `loop.run_in_executor(...)` for blocking calls, a process pool"
+        " for CPU-bound work. Use async drivers and clients (asyncpg or psycopg async, httpx.AsyncClient, the"
+        " SDK's Async client) and never call a sync SDK client inside an `async def` handler - make such a"
+        " handler a plain `def` so the framework runs it in its thread pool."
+    )

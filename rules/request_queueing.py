@@ -1,0 +1,153 @@
+"""Rule request-queueing: requests wait before any worker starts on them because every worker is busy."""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable
+
+from latprof.analysis import Analysis
+from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
+from latprof.layers import QUEUE
+from latprof.semconv import GAUGE_ACCEPT_QUEUE, QUEUE_SOURCE
+
+#: Where-it-queued values the collectors write (`latprof.queue.source`), in the user's words.
+_SOURCE_PHRASES = {
+    "backlog": "the accept backlog",
+    "threadpool": "the worker thread pool",
+    "limiter": "a concurrency limiter",
+    "header": "front of the service (measured from the proxy's request-start header)",
+}
+
+#: The first thing to change, by where the requests queued; the general advice follows it.
+_SOURCE_FIXES = {
+    "backlog": "Every worker was busy while connections piled up in the accept backlog: run more worker"
+    " processes (gunicorn/uvicorn `--workers`) or more threads per worker.",
+    "threadpool": "Requests waited for a thread of the worker pool (sync endpoints run on anyio's 40-thread"
+    " limiter in FastAPI/Starlette, Django/Flask on the server's threads): raise the pool size or make the"
+    " slow handlers async.",
+    "limiter": "Requests waited on the service's own concurrency limiter: raise the limit if the"
+    " dependencies behind it have headroom, otherwise shed the excess early (429) instead of queueing it.",
+    "header": "Requests waited in front of the service (between the proxy and the app): add worker"
+    " processes or replicas.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    min_share_of_tail_excess: float = 0.2
+    min_tail_excess_ms: float = 50.0
+
+
+class RequestQueueing(Rule):
+    """Requests queue before a worker starts on them: the service is out of workers in the tail.
+
+    What it detects:
+        The `queue` layer (time between a request's arrival at the socket and the moment a
+        worker, thread or handler started on it: accept backlog, worker thread pool,
+        concurrency limiter) explains a large part of the tail: the slowest requests waited
+        far longer for a worker than the median one.
+
+    Why it matters for p99:
+        Workers are a pool like any other. When every worker is busy - usually because each
+        one sits for seconds waiting on an LLM call - new requests wait in line, and the wait
+        grows with the burst: at 90% utilisation a queue of a few requests means the unlucky
+        ones wait several whole request-times before their handler even starts. None of that
+        time is visible in handler spans or application metrics.
+
+    Evidence:
+        queue time p50/p99 and its tail excess and share; where requests queued (the
+        `latprof.queue.source` of the queue segments, counted: backlog, threadpool,
+        limiter, header); peak and mean accept-queue depth from the `accept.queue_depth`
+        gauge when it was recorded; the most requests in flight at once (arrived and not yet
+        answered, queued or served), from the request intervals; example request ids.
+
+    How to fix:
+        Add capacity where the requests queued: more worker processes or threads (gunicorn
+        `--workers`/`--threads`, uvicorn `--workers`, a larger thread pool or limiter). If
+        workers are busy waiting on slow calls (LLM requests), make those handlers async or
+        move the wait off the worker so one worker serves many requests. Shed or limit load
+        upstream (rate limits, a 429 before the backlog grows), and autoscale on queue depth
+        or in-flight requests rather than CPU, which stays low while workers wait.
+
+    Example:
+        A classification API runs 4 sync workers; each request spends ~300 ms waiting for the
+        LLM. Every 10 s a burst triples the arrival rate, the accept backlog grows to a dozen
+        connections and the slowest 1% wait 1.8 s before a worker picks them up: queue owns 80%
+        of the tail excess while every handler span looks normal.
+    """
+
+    id = "request-queueing"
+    layer = QUEUE
+    Thresholds = Thresholds
+
+    def check(self, analysis: Analysis) -> Iterable[Finding]:
+        t: Thresholds = self.thresholds
+        stats = analysis.layer(QUEUE)
+        if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
+            return
+        evidence: dict[str, object] = {
+            "queue_p50_ms": round(stats.p50_ms, 3),
+            "queue_p99_ms": round(stats.p99_ms, 3),
+            "tail_excess_ms": round(stats.tail_excess_ms, 3),
+            "share_of_tail_excess": round(stats.share_of_tail_excess, 4),
+        }
+        sources = Counter(
+            str(s.attrs[QUEUE_SOURCE]) for _, s in analysis.segments(QUEUE) if s.attrs.get(QUEUE_SOURCE)
+        )
+        # Most segments first, ties by name, so the evidence and the subject are deterministic.
+        ranked = sorted(sources.items(), key=lambda kv: (-kv[1], kv[0]))
+        if ranked:
+            evidence["queue_sources"] = dict(ranked)
+        depth = [g.value for g in analysis.timeline.gauges.get(GAUGE_ACCEPT_QUEUE, ())]
+        if depth:
+            evidence["peak_accept_queue"] = max(depth)
+            evidence["mean_accept_queue"] = round(sum(depth) / len(depth), 3)
+        evidence["peak_in_flight"] = _peak_in_flight(analysis)
+        tail = analysis.groups.tail
+        examples = sorted(tail, key=lambda i: -analysis.breakdowns[i].get(QUEUE, 0.0))[:3]
+        evidence["example_request_ids"] = [analysis.requests[i].request.request_id for i in examples]
+
+        top_source = ranked[0][0] if ranked else ""
+        where = _SOURCE_PHRASES.get(top_source, f"'{top_source}'") if top_source else ""
+        summary = (
+            f"The slowest 1% of requests waited {fmt_ms(stats.tail_excess_ms)} longer than the median request"
+            f" before a worker started on them"
+            + (f", mostly in {where}" if where else "")
+            + f" (queue p99 {fmt_ms(stats.p99_ms)}"
+            + (f", accept queue up to {evidence['peak_accept_queue']:g}" if depth else "")
+            + f", up to {evidence['peak_in_flight']} requests in flight)."
+        )
+        fix = (
+            (_SOURCE_FIXES.get(top_source, "") + " " if top_source in _SOURCE_FIXES else "")
+            + "Add workers/threads (or processes) for the concurrency you serve; if workers mostly wait on"
+            " LLM calls, make those handlers async so a worker is not tied up by the wait; shed or limit load"
+            " upstream instead of letting the backlog grow; autoscale on queue depth or requests in flight,"
+            " not CPU."
+        )
+        yield self.finding(
+            severity=severity_for_share(stats.share_of_tail_excess),
+            confidence=stats.share_of_tail_excess + (0.2 if depth or ranked else 0.0),
+            impact_ms=stats.tail_excess_ms,
+            summary=summary,
+            evidence=evidence,
+            fix=fix,
+            subject=top_source,
+        )
+
+
+def _peak_in_flight(analysis: Analysis) -> int:
+    """The most analysed requests between arrival and response at any one instant (all processes).
+
+    In flight at an arrival is every request that arrived at or before it and has not yet
+    ended; the peak is always at some arrival, so checking arrivals is enough.
+    """
+    starts = sorted(rt.request.start_ns for rt in analysis.requests)
+    ends = sorted(rt.request.end_ns for rt in analysis.requests)
+    peak = 0
+    for n_started, start in enumerate(starts, 1):
+        # A request that ended exactly as another arrived is no longer in flight.
+        in_flight = n_started - bisect.bisect_right(ends, start)
+        peak = max(peak, in_flight)
+    return peak
