@@ -1,0 +1,79 @@
+"""Renderers format a finished report into a fixed-width console or JSON, computing nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+from timelines import analysed, population
+
+from latprof import renderers
+from latprof.engine import Finding, fingerprint
+from latprof.renderers.text import print_report
+from latprof.report import build_report
+
+
+def report_with_pool_tail():
+    a = analysed(population(200, [("db.query", 20), ("provider", 400)], [("db.pool", 3000), ("db.query", 20), ("provider", 400)]))
+    finding = Finding(
+        "db-pool-exhaustion",
+        "db.pool",
+        "critical",
+        0.95,
+        3000.0,
+        "The slowest 1% waited 3.0 s longer for a connection.",
+        {"pool_max": 5, "peak_waiters": 24},
+        "Release the connection before the LLM call.",
+        fingerprint("db-pool-exhaustion", "db.pool", "main"),
+    )
+    return build_report(a, [finding])
+
+
+def render(report, width: int) -> str:
+    console = Console(file=io.StringIO(), width=width, record=True, color_system=None)
+    print_report(report, console)
+    return console.export_text()
+
+
+def test_text_puts_the_verdict_first_then_layers_findings_and_collection():
+    text = render(report_with_pool_tail(), 120)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[0].startswith("latprof  run: <test>")
+    assert lines[1].startswith("200 requests over 23 s   p50 422 ms · p90 424 ms · p99 3.4 s")
+    assert lines[2].startswith("VERDICT  db.pool  db.pool owns 100% of the tail")
+    order = [text.index(s) for s in ("VERDICT", "layer", "Findings", "p99 over time", "What latprof could see")]
+    assert order == sorted(order)
+    table = text[text.index("layer") : text.index("Findings")]
+    assert "db.pool" in table and "3.0 s" in table and "100%" in table and "█" * 20 in table
+    assert "waiting to check a connection" in table  # wide consoles explain each layer
+    assert "● critical db-pool-exhaustion  db.pool  impact 3.0 s" in text
+    assert "evidence: pool_max 5 · peak_waiters 24" in text
+    assert "fix: Release the connection before the LLM call." in text
+    assert "coverage 100%" in text
+
+
+def test_narrow_console_keeps_the_numbers_and_drops_the_explanations():
+    text = render(report_with_pool_tail(), 80)
+    assert "waiting to check a connection" not in text
+    table = text[text.index("layer") : text.index("Findings")]
+    assert "tail excess" in table and "3.0 s" in table and "100%" in table
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_no_tail_verdict_is_rendered_as_such():
+    a = analysed(population(200, [("provider", 400)], [("provider", 500)]))
+    text = render(build_report(a, []), 100)
+    assert "VERDICT  no tail  No tail worth explaining" in text
+    assert "Findings" not in text
+
+
+def test_json_renderer_writes_the_report_dict():
+    report = report_with_pool_tail()
+    out = io.StringIO()
+    renderers.get("json")(report, out)
+    assert json.loads(out.getvalue()) == json.loads(json.dumps(report.to_dict()))
+
+
+def test_renderers_are_registered_by_name():
+    assert {"text", "json"} <= set(renderers.names())
