@@ -401,6 +401,8 @@ class Analysis:
     warmup_skipped: int
     coverage: float | None
     warnings: list[str] = field(default_factory=list)
+    #: (request index, segment) pairs by segment layer (None for layer-less markers).
+    by_layer: dict[str | None, list[tuple[int, Segment]]] = field(default_factory=dict, repr=False)
 
     def layer(self, name: str) -> LayerStats:
         return self.layers[name]
@@ -415,18 +417,36 @@ class Analysis:
         """The requests of cohort `median`, `tail` or `tail5`."""
         return [self.requests[i] for i in getattr(self.groups, which)]
 
-    def segments(self, layer: str | None = None, *, name: str | None = None) -> Iterable[tuple[int, Segment]]:
-        """Yield (request index, segment) for every segment of the analysed requests, filtered."""
-        for i, rt in enumerate(self.requests):
-            for segment in rt.segments:
-                if (layer is None or segment.layer == layer) and (name is None or segment.name == name):
-                    yield i, segment
+    def segments(self, layer: str | None = None, *, name: str | None = None) -> list[tuple[int, Segment]]:
+        """(request index, segment) for the analysed requests' segments of `layer` (any when None),
+        optionally only those called `name`. Served from `by_layer`, so each rule pays for the
+        segments of its own layer, not for every segment."""
+        index = self.by_layer
+        if layer is None:
+            found = [pair for bucket in index.values() for pair in bucket]
+            found.sort(key=lambda pair: pair[0])
+        else:
+            found = index.get(layer, [])
+        if name is not None:
+            found = [pair for pair in found if pair[1].name == name]
+        return found
 
 
 def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analysis:
     """Run every analysis step over a timeline."""
     kept, skipped = skip_warmup(timeline.requests, warmup_s)
-    breakdowns = [layer_times_ms(rt) for rt in kept]
+    # One pass over every segment, while each request's segments are in cache: the layer
+    # times on the critical path, and the index by layer that rules read.
+    breakdowns = []
+    by_layer: dict[str | None, list[tuple[int, Segment]]] = {}
+    for i, rt in enumerate(kept):
+        breakdowns.append(layer_times_ms(rt))
+        for segment in rt.segments:
+            bucket = by_layer.get(segment.layer)
+            if bucket is None:
+                by_layer[segment.layer] = [(i, segment)]
+            else:
+                bucket.append((i, segment))
     latencies = [(rt.request.end_ns - rt.request.start_ns) / NS_PER_MS for rt in kept]
     groups = cohorts(latencies)
     return Analysis(
@@ -441,4 +461,5 @@ def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analys
         warmup_skipped=skipped,
         coverage=coverage(breakdowns),
         warnings=list(timeline.warnings),
+        by_layer=by_layer,
     )

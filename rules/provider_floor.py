@@ -18,7 +18,6 @@ from latprof.semconv import (
     SPLIT_UNKNOWN,
     TTFT_KNOWN,
 )
-from latprof.timeline import RequestTimeline
 
 #: Attribute attach mode puts on LLM time it read from stacks, where TTFT and decode cannot
 #: be told apart (report-v1 "Attach mode").
@@ -111,15 +110,15 @@ class ProviderFloor(Rule):
         stats = analysis.layer(PROVIDER)
         if not stats.seen:
             return
-        calls, excluded = _ttft_calls(analysis.requests)
-        if not calls:
-            return
         tail_owned = owns_tail(
             analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms
         )
         median_latency_ms = sum(analysis.layer(name).median_mean_ms for name in LAYERS)
         median_share = stats.median_mean_ms / median_latency_ms if median_latency_ms > 0 else 0.0
         if not tail_owned and median_share < t.min_share_of_median_latency:
+            return
+        calls, excluded = _ttft_calls(analysis)
+        if not calls:
             return
         tail_weights = _tail_provider_ms_by_model(analysis)
         tail_total_ms = sum(tail_weights.values())
@@ -307,7 +306,7 @@ def _least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, flo
     return slope, intercept, r_squared
 
 
-def _ttft_calls(requests: Sequence[RequestTimeline]) -> tuple[dict[str, list[_Call]], dict[str, dict[str, int]]]:
+def _ttft_calls(analysis: Analysis) -> tuple[dict[str, list[_Call]], dict[str, dict[str, int]]]:
     """Streamed calls by model, and per model how many provider segments were left out and why.
 
     Only a provider segment with `ttft_known` true measures TTFT; estimated boundaries and
@@ -315,25 +314,22 @@ def _ttft_calls(requests: Sequence[RequestTimeline]) -> tuple[dict[str, list[_Ca
     """
     by_model: dict[str, list[_Call]] = {}
     excluded: dict[str, dict[str, int]] = {}
-    for index, rt in enumerate(requests):
-        for segment in rt.segments:
-            if segment.layer != PROVIDER or segment.end_ns <= segment.start_ns:
-                continue
-            attrs = segment.attrs
-            if any(attrs.get(key) for key in _SPLIT_UNKNOWN_KEYS):
-                reason = "split_unknown"
-            elif attrs.get(ESTIMATED):
-                reason = "estimated"
-            elif attrs.get(TTFT_KNOWN) is not True:
-                reason = "non_streamed"
-            else:
-                ttft_ms = (segment.end_ns - segment.start_ns) / NS_PER_MS
-                by_model.setdefault(_model(segment), []).append(
-                    _Call(index, ttft_ms, _number(attrs.get(GEN_AI_INPUT_TOKENS)))
-                )
-                continue
-            counts = excluded.setdefault(_model(segment), {})
-            counts[reason] = counts.get(reason, 0) + 1
+    for index, segment in analysis.segments(PROVIDER):
+        if segment.end_ns <= segment.start_ns:
+            continue
+        attrs = segment.attrs
+        if any(attrs.get(key) for key in _SPLIT_UNKNOWN_KEYS):
+            reason = "split_unknown"
+        elif attrs.get(ESTIMATED):
+            reason = "estimated"
+        elif attrs.get(TTFT_KNOWN) is not True:
+            reason = "non_streamed"
+        else:
+            ttft_ms = (segment.end_ns - segment.start_ns) / NS_PER_MS
+            by_model.setdefault(_model(segment), []).append(_Call(index, ttft_ms, _number(attrs.get(GEN_AI_INPUT_TOKENS))))
+            continue
+        counts = excluded.setdefault(_model(segment), {})
+        counts[reason] = counts.get(reason, 0) + 1
     return by_model, excluded
 
 
