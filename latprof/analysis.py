@@ -319,7 +319,7 @@ def layer_stats(breakdowns: Sequence[Mapping[str, float]], groups: Cohorts) -> d
     for layer, values in columns.items():
         seen = nonzero[layer]
         if not seen:
-            raw[layer] = (0.0,) * 7  # type: ignore[assignment]
+            raw[layer] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
             continue
         seen.sort()
         median_mean = mean_of(values, groups.median)

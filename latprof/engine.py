@@ -149,7 +149,7 @@ def validate_rule_class(cls: type[Rule]) -> None:
 
 def discover_rules() -> list[type[Rule]]:
     """Every built-in rule: each module in `latprof.rules` is imported and its Rule subclasses kept."""
-    import latprof.rules as package
+    package = importlib.import_module("latprof.rules")  # mapped from rules/ at install time
 
     found: dict[str, type[Rule]] = {}
     for info in pkgutil.iter_modules(package.__path__):

@@ -89,7 +89,7 @@ class Frame(NamedTuple):
 class StackSample(NamedTuple):
     """What one thread was doing at one instant, innermost frame first.
 
-    `count` is how many identical consecutive samples this one stands for; `wchan` is the
+    `weight` is how many identical consecutive samples this one stands for; `wchan` is the
     kernel wait channel of the thread (`futex_do_wait`, `hrtimer_nanosleep`, ...) when read.
     """
 
@@ -100,13 +100,13 @@ class StackSample(NamedTuple):
     frames: tuple[Frame, ...]
     active: bool
     wchan: str | None = None
-    count: int = 1
+    weight: int = 1
 
 
 class QualityRecord(NamedTuple):
     """How well collection went: hooks loaded, dropped events, errors, permissions, clock notes.
 
-    `kind` is one of the `NOTE_*` names in `latprof.semconv`; `count` how many times it
+    `kind` is one of the `NOTE_*` names in `latprof.semconv`; `occurrences` how many times it
     happened (e.g. events dropped) since the collector's previous record of that kind.
     """
 
@@ -114,7 +114,7 @@ class QualityRecord(NamedTuple):
     ts_ns: int
     pid: int
     message: str = ""
-    count: int = 1
+    occurrences: int = 1
     attrs: Mapping[str, Any] = NO_ATTRS
 
 

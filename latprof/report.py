@@ -250,7 +250,9 @@ def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
     """Assemble the report from an analysis and the findings of its rules."""
     timeline = analysis.timeline
     requests = analysis.requests
-    pids = sorted({rt.request.pid for rt in timeline.requests} | {h.get("pid") for h in timeline.headers if isinstance(h.get("pid"), int)})
+    pids = sorted(
+        {rt.request.pid for rt in timeline.requests} | {h["pid"] for h in timeline.headers if isinstance(h.get("pid"), int)}
+    )
     lat = analysis.latency
     window = {
         "start_unix_s": min(rt.request.start_ns for rt in requests) / NS_PER_S if requests else None,

@@ -31,6 +31,9 @@ SPLIT_UNKNOWN: Final = "latprof.split_unknown"
 #: str on a `queue` segment: what the request queued in (backlog, threadpool, limiter, header).
 QUEUE_SOURCE: Final = "latprof.queue.source"
 
+#: str on a NOTE_ERROR record: the text of the last error a collector swallowed.
+LAST_ERROR: Final = "latprof.last_error"
+
 #: Name of a layer-less segment marking how long a request held a pooled DB connection
 #: (checkout to checkin). It owns no time on the critical path; rules read it.
 SEGMENT_CONNECTION_HOLD: Final = "db.connection.hold"

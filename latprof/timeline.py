@@ -115,7 +115,7 @@ def _summarize_quality(records: list[QualityRecord]) -> list[str]:
     for record in records:
         if record.kind != NOTE_HOOKS_LOADED:
             key = (record.pid, record.kind, record.message)
-            totals[key] = totals.get(key, 0) + record.count
+            totals[key] = totals.get(key, 0) + record.occurrences
     lines = []
     for (pid, kind, message), count in totals.items():
         text = f"pid {pid}: {kind}" + (f" x{count}" if count != 1 else "")

@@ -193,7 +193,7 @@ def _hot_frames(samples: Iterable[StackSample]) -> tuple[list[dict[str, object]]
         on_loop, scope = active, "all threads"
     counts: Counter[str] = Counter()
     for sample in on_loop:
-        counts[_label(sample.frames[0])] += sample.count
+        counts[_label(sample.frames[0])] += sample.weight
     total = sum(counts.values())
     if not total:
         return [], scope

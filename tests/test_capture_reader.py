@@ -158,3 +158,11 @@ def test_blank_lines_are_ignored(tmp_path):
     path = write_capture(tmp_path / "c.jsonl", sample_events())
     path.write_bytes(path.read_bytes().replace(b"\n", b"\n\n", 3) + b"\n\n")
     assert len(read_captures([path]).requests) == 1
+
+
+def test_gauges_without_a_value_are_skipped_with_a_warning(tmp_path):
+    nan = Gauge("event_loop.lag_ms", float("nan"), T0, 7)
+    path = write_capture(tmp_path / "c.jsonl", sample_events() + [nan])
+    data = read_captures([path])
+    assert len(data.gauges) == 1
+    assert any("1 gauge reading(s) without a value" in w for w in data.warnings)

@@ -5,7 +5,7 @@
     {"type": "segment", "request_id": "r1", "segment_id": "s1", "layer": "db.pool", ...}
     {"type": "gauge", "name": "db.pool.in_use", "value": 9, "ts_ns": ..., ...}
     {"type": "stack", "ts_ns": ..., "tid": ..., "frames": [["fn", "file.py", 12], ...], ...}
-    {"type": "quality", "kind": "dropped", "count": 12, ...}
+    {"type": "quality", "kind": "dropped", "occurrences": 12, ...}
 
 Keys are the event fields; `attrs` is left out when empty. Several processes may append to
 one file: each writes its own header before its first events, and every event carries its
@@ -103,7 +103,7 @@ def _encode_stack(e: StackSample) -> dict[str, Any]:
         "frames": [[f.function, f.filename, f.line] for f in e.frames],
         "active": e.active,
         "wchan": e.wchan,
-        "count": e.count,
+        "weight": e.weight,
     }
 
 
@@ -114,7 +114,7 @@ def _encode_quality(e: QualityRecord) -> dict[str, Any]:
         "ts_ns": e.ts_ns,
         "pid": e.pid,
         "message": e.message,
-        "count": e.count,
+        "occurrences": e.occurrences,
     }
 
 
@@ -182,13 +182,13 @@ def _decode_stack(d: dict[str, Any]) -> StackSample:
         frames,
         bool(d.get("active", True)),
         d.get("wchan"),
-        int(d.get("count", 1)),
+        int(d.get("weight", 1)),
     )
 
 
 def _decode_quality(d: dict[str, Any]) -> QualityRecord:
     return QualityRecord(
-        d["kind"], int(d["ts_ns"]), int(d["pid"]), str(d.get("message", "")), int(d.get("count", 1)), _attrs(d)
+        d["kind"], int(d["ts_ns"]), int(d["pid"]), str(d.get("message", "")), int(d.get("occurrences", 1)), _attrs(d)
     )
 
 

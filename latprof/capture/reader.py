@@ -128,6 +128,7 @@ def _read_file(path: Path, data: CaptureData) -> None:
     shared: dict[Any, Any] = {}
     lineno = 0
     segments = 0
+    valueless_gauges = 0
 
     stream = _open(path)
     try:
@@ -189,7 +190,10 @@ def _read_file(path: Path, data: CaptureData) -> None:
                 elif not seen_header:
                     raise InputError(_not_a_capture(path, line))
                 elif kind == "gauge":
-                    data.gauges.append(DECODERS[kind](d))  # type: ignore[arg-type]
+                    if d.get("value") is None:  # NaN and infinity are written as null
+                        valueless_gauges += 1
+                    else:
+                        data.gauges.append(DECODERS[kind](d))  # type: ignore[arg-type]
                 elif kind == "stack":
                     data.samples.append(DECODERS[kind](d))  # type: ignore[arg-type]
                 elif kind == "quality":
@@ -221,6 +225,8 @@ def _read_file(path: Path, data: CaptureData) -> None:
         data.warnings.append(f"{path}:{torn[0]}: skipped a torn last line ({torn[1]})")
     if not seen_header:
         raise InputError(f"{path}: file is empty" if lineno == 0 or torn is None else _not_a_capture(path, b""))
+    if valueless_gauges:
+        data.warnings.append(f"{path}: skipped {valueless_gauges} gauge reading(s) without a value (NaN or infinity)")
     for kind, count in sorted(unknown_types.items()):
         data.warnings.append(f"{path}: skipped {count} event(s) of unknown type {kind!r} (written by a newer latprof?)")
 

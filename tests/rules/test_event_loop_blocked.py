@@ -60,7 +60,7 @@ _LOOP = (
 def sample(
     tid: int, frames: tuple[Frame, ...], *, active: bool = True, count: int = 1, at_ms: float = 5000
 ) -> StackSample:
-    return StackSample(ms(at_ms), 1, tid, "MainThread" if tid == 1 else "asyncio_0", frames, active, count=count)
+    return StackSample(ms(at_ms), 1, tid, "MainThread" if tid == 1 else "asyncio_0", frames, active, weight=count)
 
 
 def loop_samples(*, with_loop_frames: bool = True) -> list[StackSample]:
