@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from latprof.events import Segment
+from latprof.genai import split_unstreamed_calls
 from latprof.layers import APP, LAYERS, UNATTRIBUTED, effective_layer
 from latprof.timeline import RequestTimeline, Timeline
 
@@ -435,6 +436,7 @@ class Analysis:
 def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analysis:
     """Run every analysis step over a timeline."""
     kept, skipped = skip_warmup(timeline.requests, warmup_s)
+    kept, split_warnings = split_unstreamed_calls(kept)
     # One pass over every segment, while each request's segments are in cache: the layer
     # times on the critical path, and the index by layer that rules read.
     breakdowns = []
@@ -460,6 +462,6 @@ def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analys
         windows=windows(kept, latencies),
         warmup_skipped=skipped,
         coverage=coverage(breakdowns),
-        warnings=list(timeline.warnings),
+        warnings=list(timeline.warnings) + split_warnings,
         by_layer=by_layer,
     )

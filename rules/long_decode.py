@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -10,8 +9,9 @@ from typing import Any, Iterable, Sequence
 from latprof.analysis import NS_PER_MS, Analysis
 from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
 from latprof.events import Segment
+from latprof.genai import model_of, token_count
 from latprof.layers import MODEL
-from latprof.semconv import ESTIMATED, GEN_AI_OUTPUT_TOKENS, GEN_AI_REQUEST_MODEL, GEN_AI_RESPONSE_MODEL, SPLIT_UNKNOWN
+from latprof.semconv import ESTIMATED, GEN_AI_OUTPUT_TOKENS, SPLIT_UNKNOWN
 from latprof.timeline import RequestTimeline
 
 _SPLIT_UNKNOWN_KEYS = (SPLIT_UNKNOWN,)
@@ -127,7 +127,7 @@ class LongDecode(Rule):
         models = Counter[str]()
         for rt in tail:
             for segment in _decode_segments(rt, measured_only=False):
-                models[_model(segment)] += segment.end_ns - segment.start_ns
+                models[model_of(segment)] += segment.end_ns - segment.start_ns
         evidence["tail_models"] = [m for m, _ in models.most_common() if m]
         evidence["tail_routes"] = sorted({rt.request.route for rt in tail})
         order = sorted(range(len(tail)), key=lambda i: -analysis.breakdowns[analysis.groups.tail[i]].get(MODEL, 0.0))
@@ -173,7 +173,7 @@ def decode_cohort(requests: Sequence[RequestTimeline]) -> DecodeCohort | None:
         request_tokens = 0.0
         request_ns = 0
         for segment in _decode_segments(rt, measured_only=True):
-            tokens = _number(segment.attrs.get(GEN_AI_OUTPUT_TOKENS))
+            tokens = token_count(segment.attrs.get(GEN_AI_OUTPUT_TOKENS))
             if tokens:
                 request_tokens += tokens
                 request_ns += segment.end_ns - segment.start_ns
@@ -227,18 +227,3 @@ def _fix(causes: Sequence[str], routes: Sequence[str]) -> str:
         )
     parts.append("Stream the answer to the user so reading starts at the first token.")
     return " ".join(parts)
-
-
-def _model(segment: Segment) -> str:
-    model = segment.attrs.get(GEN_AI_REQUEST_MODEL) or segment.attrs.get(GEN_AI_RESPONSE_MODEL)
-    return str(model) if model else ""
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number >= 0 else None

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from latprof.analysis import NS_PER_MS, Analysis, LayerStats, percentile
 from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
-from latprof.events import Segment
+from latprof.genai import model_of, token_count
 from latprof.layers import LAYERS, PROVIDER
 from latprof.semconv import (
     ESTIMATED,
     GEN_AI_INPUT_TOKENS,
-    GEN_AI_REQUEST_MODEL,
-    GEN_AI_RESPONSE_MODEL,
     SPLIT_UNKNOWN,
     TTFT_KNOWN,
 )
@@ -326,9 +323,9 @@ def _ttft_calls(analysis: Analysis) -> tuple[dict[str, list[_Call]], dict[str, d
             reason = "non_streamed"
         else:
             ttft_ms = (segment.end_ns - segment.start_ns) / NS_PER_MS
-            by_model.setdefault(_model(segment), []).append(_Call(index, ttft_ms, _number(attrs.get(GEN_AI_INPUT_TOKENS))))
+            by_model.setdefault(model_of(segment), []).append(_Call(index, ttft_ms, token_count(attrs.get(GEN_AI_INPUT_TOKENS))))
             continue
-        counts = excluded.setdefault(_model(segment), {})
+        counts = excluded.setdefault(model_of(segment), {})
         counts[reason] = counts.get(reason, 0) + 1
     return by_model, excluded
 
@@ -339,7 +336,7 @@ def _tail_provider_ms_by_model(analysis: Analysis) -> dict[str, float]:
     for rt in analysis.cohort("tail"):
         for segment in rt.segments:
             if segment.layer == PROVIDER and segment.end_ns > segment.start_ns:
-                key = _model(segment)
+                key = model_of(segment)
                 out[key] = out.get(key, 0.0) + (segment.end_ns - segment.start_ns) / NS_PER_MS
     return out
 
@@ -388,19 +385,3 @@ def _fix(fit: FloorFit, prompt_ms_at_p50: float | None, tokens_p50: Any, above_m
         )
     parts.append("Stream the answer to the user so they see the first token as soon as it exists.")
     return " ".join(parts)
-
-
-def _model(segment: Segment) -> str:
-    model = segment.attrs.get(GEN_AI_REQUEST_MODEL) or segment.attrs.get(GEN_AI_RESPONSE_MODEL)
-    return str(model) if model else ""
-
-
-def _number(value: Any) -> float | None:
-    """A token count as a float, or None when absent or not a finite non-negative number."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number >= 0 else None

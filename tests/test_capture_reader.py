@@ -166,3 +166,19 @@ def test_gauges_without_a_value_are_skipped_with_a_warning(tmp_path):
     data = read_captures([path])
     assert len(data.gauges) == 1
     assert any("1 gauge reading(s) without a value" in w for w in data.warnings)
+
+
+def test_attributes_are_kept_apart_whatever_the_json_spacing(tmp_path):
+    # A capture written by another JSON encoder (spaces after colons): the reader shares
+    # dicts only between lines whose attribute text is identical.
+    import json
+
+    lines = [json.dumps(make_header("run"))]
+    for i, model in enumerate(["gpt-4o", "gpt-4o-mini", "gpt-4o"]):
+        seg = Segment("r1", f"s{i}", None, "chat", "provider", T0 + i, T0 + i + 1, 7, {"gen_ai.request.model": model})
+        lines.append(json.dumps(encode(seg)))
+    lines.append(json.dumps(encode(Request("r1", "POST /chat", T0, T0 + 10, 7))))
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    models = [s.attrs["gen_ai.request.model"] for s in read_captures([path]).segments_by_request["r1"]]
+    assert models == ["gpt-4o", "gpt-4o-mini", "gpt-4o"]

@@ -21,6 +21,9 @@ _CAPTURE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 # Canonical layer strings, so a million segments share a dozen string objects.
 _LAYER_INTERN: dict[Any, str | None] = {layer: layer for layer in SEGMENT_LAYERS}
 _LAYER_INTERN[None] = None
+_BAD_LAYER = "?"
+# Distinct segment attribute texts remembered per file to share their dicts (bounds memory).
+_ATTRS_CACHE_MAX = 200_000
 
 
 @dataclass
@@ -126,6 +129,7 @@ def _read_file(path: Path, data: CaptureData) -> None:
     unknown_types: dict[str, int] = {}
     # Names and pids repeat across a million segments: keep one object of each.
     shared: dict[Any, Any] = {}
+    attrs_cache: dict[bytes, dict[str, Any]] = {}
     lineno = 0
     segments = 0
     valueless_gauges = 0
@@ -142,25 +146,43 @@ def _read_file(path: Path, data: CaptureData) -> None:
                 d = loads(line)
                 kind = d["type"]
                 if kind == "segment":
-                    layer = d.get("layer")
-                    if layer not in layers:
-                        raise ValueError(f"unknown layer {layer!r}")
+                    layer = layers.get(d.get("layer"), _BAD_LAYER)
+                    if layer is _BAD_LAYER:
+                        raise ValueError(f"unknown layer {d.get('layer')!r}")
                     rid = d["request_id"]
                     bucket = by_request.get(rid)
                     if bucket is not None:
-                        rid = bucket[0].request_id  # share one id string per request
+                        rid = bucket[0][0]  # share one id string per request
                     attrs = d.get("attrs")
+                    if attrs is not None:
+                        if type(attrs) is not dict:
+                            raise TypeError("attrs must be a JSON object")
+                        # Most segments repeat another's attributes (pool, statement, model):
+                        # keep one dict per distinct text. Keyed on the line from the
+                        # top-level "attrs" key on (segment fields before it are scalars,
+                        # and an unescaped quote cannot occur inside a JSON string).
+                        at = line.find(b'"attrs":')
+                        if at >= 0:
+                            key = line[at:]
+                            cached = attrs_cache.get(key)
+                            if cached is not None:
+                                attrs = cached
+                            elif len(attrs_cache) < _ATTRS_CACHE_MAX:
+                                attrs_cache[key] = attrs
+                    else:
+                        attrs = no_attrs
                     name = d["name"]
+                    pid = int(d["pid"])
                     segment = Segment(
                         rid,
                         d["segment_id"],
                         d.get("parent_id"),
                         shared.setdefault(name, name),
-                        layers[layer],
+                        layer,
                         int(d["start_ns"]),
                         int(d["end_ns"]),
-                        shared.setdefault(int(d["pid"]), int(d["pid"])),
-                        no_attrs if attrs is None else _check_attrs(attrs),
+                        shared.setdefault(pid, pid),
+                        attrs,
                     )
                     if bucket is None:
                         by_request[rid] = [segment]
