@@ -205,6 +205,16 @@ def owns_tail(analysis: Analysis, stats: LayerStats, *, min_share: float, min_ex
     )
 
 
+def layer_evidence(stats: LayerStats, name: str) -> dict[str, float]:
+    """The evidence every layer rule starts with: `{name}_p50_ms`, `{name}_p99_ms`, tail excess and share."""
+    return {
+        f"{name}_p50_ms": round(stats.p50_ms, 3),
+        f"{name}_p99_ms": round(stats.p99_ms, 3),
+        "tail_excess_ms": round(stats.tail_excess_ms, 3),
+        "share_of_tail_excess": round(stats.share_of_tail_excess, 4),
+    }
+
+
 def severity_for_share(share: float, critical_at: float = 0.5) -> str:
     return "critical" if share >= critical_at else "warning"
 

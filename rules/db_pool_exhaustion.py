@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from latprof.analysis import NS_PER_MS, Analysis
-from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
+from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.layers import DB_POOL, MODEL, PROVIDER
 from latprof.semconv import (
     DB_POOL_NAME,
@@ -72,10 +72,7 @@ class DbPoolExhaustion(Rule):
         if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
             return
         evidence: dict[str, object] = {
-            "pool_wait_p50_ms": round(stats.p50_ms, 3),
-            "pool_wait_p99_ms": round(stats.p99_ms, 3),
-            "tail_excess_ms": round(stats.tail_excess_ms, 3),
-            "share_of_tail_excess": round(stats.share_of_tail_excess, 4),
+            **layer_evidence(stats, "pool_wait"),
         }
         pools = sorted({str(s.attrs.get(DB_POOL_NAME)) for _, s in analysis.segments(DB_POOL) if s.attrs.get(DB_POOL_NAME)})
         if pools:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Iterable, TypeVar
 
 from latprof.analysis import Analysis, percentile
-from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
+from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.events import Frame, Gauge, StackSample
 from latprof.layers import EVENT_LOOP
 from latprof.semconv import GAUGE_LOOP_LAG_MS
@@ -92,10 +92,7 @@ class EventLoopBlocked(Rule):
         evidence: dict[str, object] = {}
         if stats.seen:
             evidence.update(
-                event_loop_p50_ms=round(stats.p50_ms, 3),
-                event_loop_p99_ms=round(stats.p99_ms, 3),
-                tail_excess_ms=round(stats.tail_excess_ms, 3),
-                share_of_tail_excess=round(stats.share_of_tail_excess, 4),
+                **layer_evidence(stats, "event_loop"),
             )
         if lag:
             evidence.update(

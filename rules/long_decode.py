@@ -7,14 +7,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from latprof.analysis import NS_PER_MS, Analysis
-from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
+from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.events import Segment
-from latprof.genai import model_of, token_count
+from latprof.genai import is_measured, model_of, token_count
 from latprof.layers import MODEL
-from latprof.semconv import ESTIMATED, GEN_AI_OUTPUT_TOKENS, SPLIT_UNKNOWN
+from latprof.semconv import ESTIMATED, GEN_AI_OUTPUT_TOKENS
 from latprof.timeline import RequestTimeline
-
-_SPLIT_UNKNOWN_KEYS = (SPLIT_UNKNOWN,)
 
 OUTPUT_TOKENS = "output_tokens"
 TIME_PER_TOKEN = "time_per_token"
@@ -94,10 +92,7 @@ class LongDecode(Rule):
         median = decode_cohort(analysis.cohort("median"))
         slow = decode_cohort(tail)
         evidence: dict[str, Any] = {
-            "decode_p50_ms": round(stats.p50_ms, 3),
-            "decode_p99_ms": round(stats.p99_ms, 3),
-            "tail_excess_ms": round(stats.tail_excess_ms, 3),
-            "share_of_tail_excess": round(stats.share_of_tail_excess, 4),
+            **layer_evidence(stats, "decode"),
         }
         cause = "unknown"
         causes: list[str] = []
@@ -201,7 +196,7 @@ def _decode_segments(rt: RequestTimeline, *, measured_only: bool) -> Iterable[Se
     for segment in rt.segments:
         if segment.layer != MODEL or segment.end_ns <= segment.start_ns:
             continue
-        if measured_only and (segment.attrs.get(ESTIMATED) or any(segment.attrs.get(k) for k in _SPLIT_UNKNOWN_KEYS)):
+        if measured_only and not is_measured(segment):
             continue
         yield segment
 

@@ -16,9 +16,6 @@ from latprof.semconv import (
     TTFT_KNOWN,
 )
 
-#: Attribute attach mode puts on LLM time it read from stacks, where TTFT and decode cannot
-#: be told apart (report-v1 "Attach mode").
-_SPLIT_UNKNOWN_KEYS = (SPLIT_UNKNOWN,)
 #: Share (%) of calls furthest above the first least-squares line left out of the second fit.
 _TRIM_PERCENT = 5.0
 
@@ -315,7 +312,7 @@ def _ttft_calls(analysis: Analysis) -> tuple[dict[str, list[_Call]], dict[str, d
         if segment.end_ns <= segment.start_ns:
             continue
         attrs = segment.attrs
-        if any(attrs.get(key) for key in _SPLIT_UNKNOWN_KEYS):
+        if attrs.get(SPLIT_UNKNOWN):  # attach mode: TTFT and decode not told apart
             reason = "split_unknown"
         elif attrs.get(ESTIMATED):
             reason = "estimated"

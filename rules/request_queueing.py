@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from latprof.analysis import Analysis
-from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
+from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.layers import QUEUE
 from latprof.semconv import GAUGE_ACCEPT_QUEUE, QUEUE_SOURCE
 
@@ -88,10 +88,7 @@ class RequestQueueing(Rule):
         if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
             return
         evidence: dict[str, object] = {
-            "queue_p50_ms": round(stats.p50_ms, 3),
-            "queue_p99_ms": round(stats.p99_ms, 3),
-            "tail_excess_ms": round(stats.tail_excess_ms, 3),
-            "share_of_tail_excess": round(stats.share_of_tail_excess, 4),
+            **layer_evidence(stats, "queue"),
         }
         sources = Counter(
             str(s.attrs[QUEUE_SOURCE]) for _, s in analysis.segments(QUEUE) if s.attrs.get(QUEUE_SOURCE)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from latprof.analysis import NS_PER_MS, Analysis, percentile
-from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
+from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.layers import DB_QUERY
 from latprof.semconv import DB_QUERY_SUMMARY, DB_SYSTEM_NAME
 
@@ -76,10 +76,7 @@ class SlowQuery(Rule):
         if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
             return
         evidence: dict[str, object] = {
-            "query_p50_ms": round(stats.p50_ms, 3),
-            "query_p99_ms": round(stats.p99_ms, 3),
-            "tail_excess_ms": round(stats.tail_excess_ms, 3),
-            "share_of_tail_excess": round(stats.share_of_tail_excess, 4),
+            **layer_evidence(stats, "query"),
         }
         top = [s for s in statement_stats(analysis) if s.tail_excess_ms > 0][:_TOP_STATEMENTS]
         if top:

@@ -125,3 +125,15 @@ def analysed(requests: Sequence[RequestTimeline], **kw: Any) -> Analysis:
     gauges = kw.pop("gauges", ())
     samples = kw.pop("samples", ())
     return analyze(timeline(requests, gauges=gauges, samples=samples), warmup_s=kw.pop("warmup_s", 0.0))
+
+
+def assert_min_tail_excess_is_the_boundary(rule_class: Any, thresholds_class: Any, analysis: Analysis) -> None:
+    """The rule fires on `analysis` by default; `min_tail_excess_ms` just above the measured
+    excess silences it, just below it fires again. (Small excesses in a capture without a
+    tail never fire: see `engine.owns_tail`.)"""
+    [finding] = rule_class().check(analysis)
+    excess = finding.impact_ms
+    above = rule_class(thresholds_class(min_tail_excess_ms=excess + 1)).check(analysis)
+    assert [f for f in above if f.impact_ms > 0] == []
+    [again] = rule_class(thresholds_class(min_tail_excess_ms=excess - 1)).check(analysis)
+    assert again.impact_ms == excess

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from timelines import analysed, gauge, req, seg
+from timelines import assert_min_tail_excess_is_the_boundary, analysed, gauge, req, seg
 
 from latprof.events import Gauge
 from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER
@@ -171,15 +171,7 @@ def test_does_not_fire_when_pool_waits_are_not_in_the_tail() -> None:
 
 
 def test_does_not_fire_when_the_pool_excess_is_below_min_tail_excess() -> None:
-    # The threshold is the boundary: just above the measured excess it stays silent, just
-    # below it fires. (Small excesses in a capture without a tail never fire: see engine.owns_tail.)
-    analysis = analysed(service())
-    [finding] = DbPoolExhaustion().check(analysis)
-    excess = finding.impact_ms
-
-    assert [f for f in DbPoolExhaustion(Thresholds(min_tail_excess_ms=excess + 1)).check(analysis) if f.impact_ms > 0] == []
-    [again] = DbPoolExhaustion(Thresholds(min_tail_excess_ms=excess - 1)).check(analysis)
-    assert again.impact_ms == excess
+    assert_min_tail_excess_is_the_boundary(DbPoolExhaustion, Thresholds, analysed(service()))
 
 def test_does_not_fire_when_the_pool_share_is_below_min_share() -> None:
     # Slow requests wait 101 ms (100 over the median) but spend 700 ms more at the provider.

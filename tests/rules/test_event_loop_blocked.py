@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from timelines import analysed, gauge, ms, req, seg
+from timelines import assert_min_tail_excess_is_the_boundary, analysed, gauge, ms, req, seg
 
 from latprof.events import Frame, Gauge, StackSample
 from latprof.layers import EVENT_LOOP, PROVIDER
@@ -205,15 +205,7 @@ def test_does_not_fire_when_lag_spikes_only_before_traffic() -> None:
 
 
 def test_does_not_fire_when_the_loop_excess_is_below_min_tail_excess() -> None:
-    # The threshold is the boundary: just above the measured excess it stays silent, just
-    # below it fires. (Small excesses in a capture without a tail never fire: see engine.owns_tail.)
-    analysis = analysed(service())
-    [finding] = EventLoopBlocked().check(analysis)
-    excess = finding.impact_ms
-
-    assert [f for f in EventLoopBlocked(Thresholds(min_tail_excess_ms=excess + 1)).check(analysis) if f.impact_ms > 0] == []
-    [again] = EventLoopBlocked(Thresholds(min_tail_excess_ms=excess - 1)).check(analysis)
-    assert again.impact_ms == excess
+    assert_min_tail_excess_is_the_boundary(EventLoopBlocked, Thresholds, analysed(service()))
 
 def test_does_not_fire_when_thresholds_are_raised_above_the_tail_and_the_lag() -> None:
     analysis = analysed(service(), gauges=lag_gauges(STALLS))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from timelines import analysed, req, seg
+from timelines import assert_min_tail_excess_is_the_boundary, analysed, req, seg
 
 from latprof.events import Segment
 from latprof.layers import DB_QUERY, PROVIDER
@@ -170,15 +170,7 @@ def test_does_not_fire_when_statements_are_not_in_the_tail() -> None:
 
 
 def test_does_not_fire_when_the_query_excess_is_below_min_tail_excess() -> None:
-    # The threshold is the boundary: just above the measured excess it stays silent, just
-    # below it fires. (Small excesses in a capture without a tail never fire: see engine.owns_tail.)
-    analysis = analysed(service())
-    [finding] = SlowQuery().check(analysis)
-    excess = finding.impact_ms
-
-    assert [f for f in SlowQuery(Thresholds(min_tail_excess_ms=excess + 1)).check(analysis) if f.impact_ms > 0] == []
-    [again] = SlowQuery(Thresholds(min_tail_excess_ms=excess - 1)).check(analysis)
-    assert again.impact_ms == excess
+    assert_min_tail_excess_is_the_boundary(SlowQuery, Thresholds, analysed(service()))
 
 def test_does_not_fire_when_the_query_share_is_below_min_share() -> None:
     # Slow requests: SELECT messages 110 ms (100 over the median), provider 700 ms over.
