@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from latprof.events import Segment
-from latprof.genai import split_unstreamed_calls
-from latprof.layers import APP, LAYERS, UNATTRIBUTED, effective_layer
+from latprof.genai import UnstreamedSplitter, decode_ms_per_token, is_unstreamed
+from latprof.layers import APP, LAYERS, MODEL, UNATTRIBUTED, effective_layer
 from latprof.timeline import RequestTimeline, Timeline
 
 NS_PER_MS = 1_000_000
@@ -436,19 +436,38 @@ class Analysis:
 def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analysis:
     """Run every analysis step over a timeline."""
     kept, skipped = skip_warmup(timeline.requests, warmup_s)
-    kept, split_warnings = split_unstreamed_calls(kept)
     # One pass over every segment, while each request's segments are in cache: the layer
-    # times on the critical path, and the index by layer that rules read.
-    breakdowns = []
+    # times on the critical path, and the index by layer that rules read. Requests with a
+    # non-streamed LLM call wait until the streamed calls have given each model's decode rate.
+    breakdowns: list[dict[str, float]] = []
     by_layer: dict[str | None, list[tuple[int, Segment]]] = {}
-    for i, rt in enumerate(kept):
-        breakdowns.append(layer_times_ms(rt))
-        for segment in rt.segments:
+
+    def index(i: int, segments: Sequence[Segment]) -> None:
+        for segment in segments:
             bucket = by_layer.get(segment.layer)
             if bucket is None:
                 by_layer[segment.layer] = [(i, segment)]
             else:
                 bucket.append((i, segment))
+
+    unstreamed: list[int] = []
+    for i, rt in enumerate(kept):
+        for segment in rt.segments:
+            if is_unstreamed(segment):
+                unstreamed.append(i)
+                breakdowns.append({})
+                break
+        else:
+            breakdowns.append(layer_times_ms(rt))
+            index(i, rt.segments)
+    split_warnings: list[str] = []
+    if unstreamed:
+        splitter = UnstreamedSplitter(decode_ms_per_token(s for _, s in by_layer.get(MODEL, ())))
+        for i in unstreamed:
+            kept[i] = splitter(kept[i])
+            breakdowns[i] = layer_times_ms(kept[i])
+            index(i, kept[i].segments)
+        split_warnings = splitter.warnings()
     latencies = [(rt.request.end_ns - rt.request.start_ns) / NS_PER_MS for rt in kept]
     groups = cohorts(latencies)
     return Analysis(

@@ -32,7 +32,7 @@ def test_token_count_accepts_only_finite_non_negative_numbers():
 
 def test_decode_rate_is_the_median_over_streamed_calls_of_each_model():
     reqs = [streamed(0, 500, 100, 50), streamed(1000, 500, 300, 100), streamed(2000, 500, 20, 10), streamed(3000, 400, 50, 10, model="m2")]
-    assert decode_ms_per_token(reqs) == {"m1": pytest.approx(2.0), "m2": pytest.approx(5.0)}
+    assert decode_ms_per_token(s for rt in reqs for s in rt.segments) == {"m1": pytest.approx(2.0), "m2": pytest.approx(5.0)}
 
 
 def test_non_streamed_call_is_split_by_the_streamed_rate_of_its_model():

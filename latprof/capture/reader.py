@@ -129,6 +129,8 @@ def _read_file(path: Path, data: CaptureData) -> None:
     unknown_types: dict[str, int] = {}
     # Names and pids repeat across a million segments: keep one object of each.
     shared: dict[Any, Any] = {}
+    # Build the named tuple without its Python-level __new__ (same object, a call cheaper).
+    new_tuple = tuple.__new__
     attrs_cache: dict[bytes, dict[str, Any]] = {}
     lineno = 0
     segments = 0
@@ -173,16 +175,19 @@ def _read_file(path: Path, data: CaptureData) -> None:
                         attrs = no_attrs
                     name = d["name"]
                     pid = int(d["pid"])
-                    segment = Segment(
-                        rid,
-                        d["segment_id"],
-                        d.get("parent_id"),
-                        shared.setdefault(name, name),
-                        layer,
-                        int(d["start_ns"]),
-                        int(d["end_ns"]),
-                        shared.setdefault(pid, pid),
-                        attrs,
+                    segment = new_tuple(
+                        Segment,
+                        (
+                            rid,
+                            d["segment_id"],
+                            d.get("parent_id"),
+                            shared.setdefault(name, name),
+                            layer,
+                            int(d["start_ns"]),
+                            int(d["end_ns"]),
+                            shared.setdefault(pid, pid),
+                            attrs,
+                        ),
                     )
                     if bucket is None:
                         by_request[rid] = [segment]
