@@ -27,7 +27,6 @@ with open(sys.argv[1], "rb") as f:
     for line in f:
         loads(line)
 """
-ANALYZE = "from latprof.cli import main; main()"
 
 
 def timed(argv: list[str]) -> tuple[float, float]:
@@ -58,7 +57,7 @@ def main() -> None:
     print(f"capture: {capture} ({capture.stat().st_size / 2**20:.0f} MiB, {lines:,} lines, {spans:,} spans)")
 
     floor_cmd = [sys.executable, "-c", FLOOR, str(capture)]
-    analyze_cmd = [sys.executable, "-c", ANALYZE, "analyze", str(capture), "--format", "json", "-o", os.devnull]
+    analyze_cmd = [sys.executable, "-m", "latprof", "analyze", str(capture), "--format", "json", "-o", os.devnull]
     rows = []
     for i in range(args.rounds):
         order = [("floor", floor_cmd), ("analyze", analyze_cmd)]

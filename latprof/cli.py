@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -15,6 +16,10 @@ from latprof.errors import ConfigError, InputError, LatprofError
 
 # Exit codes: 0 ok, 1 a failed check, 2 usage/input/config errors, 3 a latprof bug.
 EXIT_INTERNAL = 3
+
+# Big results a command is done with: freeing millions of objects one by one takes longer
+# than exiting, so the console script (`run`) leaves without freeing them.
+_KEEP_UNTIL_EXIT: list[object] = []
 
 
 class _Main(click.Group):
@@ -81,10 +86,12 @@ def analyze(paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: fl
 
     PATHS are capture files (.jsonl or .jsonl.gz) or directories of them; several are merged.
     """
-    from latprof.pipeline import diagnose
+    from latprof.pipeline import run_diagnosis
 
-    report = diagnose(paths, warmup_s=warmup_s)
-    _emit(lambda out: renderers.get(fmt)(report, out), output)
+    diagnosis = run_diagnosis(paths, warmup_s=warmup_s)
+    _emit(lambda out: renderers.get(fmt)(diagnosis.report, out), output)
+    # The analysis stays referenced until here: `run` leaves without freeing it.
+    _KEEP_UNTIL_EXIT.append(diagnosis)
 
 
 def _emit(write: Any, output: Path | None) -> None:
@@ -136,5 +143,25 @@ def explain(rule_id: str) -> None:
         out.write(f"    {name} = {default!r}  ({type_name})\n")
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
+def run() -> None:
+    """The `latprof` console script: `main`, then exit without tearing down the heap.
+
+    A diagnosed capture can hold millions of objects; freeing them one by one at exit took
+    longer than some analysis steps, and nothing is left to do by then but flush the output.
+    """
+    code: int
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):  # `latprof ... | head`: the reader went away
+        code = code or 1
+    os._exit(code)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
-from latprof.analysis import DEFAULT_WARMUP_S, analyze
+from latprof.analysis import DEFAULT_WARMUP_S, Analysis, analyze
 from latprof.capture.reader import read_captures
-from latprof.engine import Rule, discover_rules, run_rules
+from latprof.engine import Finding, Rule, discover_rules, run_rules
 from latprof.report import Report, build_report
 from latprof.timeline import build_timeline
 
@@ -19,6 +20,29 @@ def default_rules() -> list[Rule]:
     return [rule_class() for rule_class in discover_rules()]
 
 
+@dataclass(frozen=True)
+class Diagnosis:
+    """A finished diagnosis with what it was made from: the analysis and the rules' findings."""
+
+    analysis: Analysis
+    findings: list[Finding]
+    report: Report
+
+
+def run_diagnosis(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    warmup_s: float = DEFAULT_WARMUP_S,
+    rules: Sequence[Rule] | None = None,
+) -> Diagnosis:
+    """Read the captures at `paths`, analyse them and run the rules."""
+    with _gc_paused():
+        timeline = build_timeline(read_captures(paths))
+        analysis = analyze(timeline, warmup_s=warmup_s)
+        findings = run_rules(analysis, default_rules() if rules is None else rules)
+        return Diagnosis(analysis, findings, build_report(analysis, findings))
+
+
 def diagnose(
     paths: Iterable[str | os.PathLike[str]],
     *,
@@ -26,21 +50,27 @@ def diagnose(
     rules: Sequence[Rule] | None = None,
 ) -> Report:
     """Diagnose the captures at `paths` and return the report."""
-    with _gc_paused():
-        timeline = build_timeline(read_captures(paths))
-        analysis = analyze(timeline, warmup_s=warmup_s)
-        findings = run_rules(analysis, default_rules() if rules is None else rules)
-        return build_report(analysis, findings)
+    return run_diagnosis(paths, warmup_s=warmup_s, rules=rules).report
 
 
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: events hold no cycles, and a million new objects
-    would otherwise trigger full collections over all of them again and again."""
+    """Keep the cyclic garbage collector off a capture's objects.
+
+    Events and their attributes hold no reference cycles (reference counting frees them),
+    but a million new objects would trigger full collections over all of them again and
+    again while they are built, and once more after. So the collector is paused while they
+    are built, and what is alive at the end is moved to its permanent generation
+    (`gc.freeze`) before it is resumed. Pending garbage is collected first so that no cycle
+    of the caller's is frozen with them.
+    """
     was_enabled = gc.isenabled()
+    if was_enabled:
+        gc.collect()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            gc.freeze()
             gc.enable()

@@ -159,9 +159,28 @@ def test_internal_errors_are_one_line_unless_debug(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(latprof.pipeline, "diagnose", broken)
+    monkeypatch.setattr(latprof.pipeline, "run_diagnosis", broken)
     result = CliRunner().invoke(main, ["analyze", str(EXAMPLES / "healthy.jsonl.gz")])
     assert result.exit_code == 3
     assert result.output.strip() == "latprof: internal error: RuntimeError: boom (run with --debug for the traceback)"
     debug = CliRunner().invoke(main, ["--debug", "analyze", str(EXAMPLES / "healthy.jsonl.gz")])
     assert isinstance(debug.exception, RuntimeError)
+
+
+def test_the_installed_command_exits_with_the_right_code_and_complete_output():
+    # `python -m latprof` is the console script's entry (it leaves with os._exit after flushing).
+    import subprocess
+    import sys
+
+    ok = subprocess.run(
+        [sys.executable, "-m", "latprof", "analyze", str(EXAMPLES / "queueing.jsonl.gz"), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0
+    assert json.loads(ok.stdout)["verdict"]["layer"] == "queue"
+    bad = subprocess.run([sys.executable, "-m", "latprof", "analyze", "missing.jsonl"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr == "latprof: error: missing.jsonl: no such file or directory\n"
+    assert bad.stdout == ""
