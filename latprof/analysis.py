@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from latprof.events import Segment
 from latprof.genai import UnstreamedSplitter, decode_ms_per_token, is_unstreamed
@@ -387,6 +387,13 @@ def windows(requests: Sequence[RequestTimeline], latencies_ms: Sequence[float], 
 # --- the whole analysis -----------------------------------------------------------------------
 
 
+class LayerIndex(NamedTuple):
+    """The segments of one layer, and beside each the index of its request in `Analysis.requests`."""
+
+    requests: list[int]
+    segments: list[Segment]
+
+
 @dataclass
 class Analysis:
     """Everything rules and the report read. Requests are those kept after warm-up."""
@@ -402,8 +409,8 @@ class Analysis:
     warmup_skipped: int
     coverage: float | None
     warnings: list[str] = field(default_factory=list)
-    #: (request index, segment) pairs by segment layer (None for layer-less markers).
-    by_layer: dict[str | None, list[tuple[int, Segment]]] = field(default_factory=dict, repr=False)
+    #: Segments by layer (None for layer-less markers), with the index of their request.
+    by_layer: dict[str | None, LayerIndex] = field(default_factory=dict, repr=False)
 
     def layer(self, name: str) -> LayerStats:
         return self.layers[name]
@@ -422,12 +429,12 @@ class Analysis:
         """(request index, segment) for the analysed requests' segments of `layer` (any when None),
         optionally only those called `name`. Served from `by_layer`, so each rule pays for the
         segments of its own layer, not for every segment."""
-        index = self.by_layer
         if layer is None:
-            found = [pair for bucket in index.values() for pair in bucket]
+            found = [pair for entry in self.by_layer.values() for pair in zip(entry.requests, entry.segments)]
             found.sort(key=lambda pair: pair[0])
         else:
-            found = index.get(layer, [])
+            entry = self.by_layer.get(layer)
+            found = list(zip(entry.requests, entry.segments)) if entry else []
         if name is not None:
             found = [pair for pair in found if pair[1].name == name]
         return found
@@ -440,15 +447,15 @@ def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analys
     # times on the critical path, and the index by layer that rules read. Requests with a
     # non-streamed LLM call wait until the streamed calls have given each model's decode rate.
     breakdowns: list[dict[str, float]] = []
-    by_layer: dict[str | None, list[tuple[int, Segment]]] = {}
+    by_layer: dict[str | None, LayerIndex] = {}
 
     def index(i: int, segments: Sequence[Segment]) -> None:
         for segment in segments:
-            bucket = by_layer.get(segment.layer)
-            if bucket is None:
-                by_layer[segment.layer] = [(i, segment)]
-            else:
-                bucket.append((i, segment))
+            entry = by_layer.get(segment.layer)
+            if entry is None:
+                entry = by_layer[segment.layer] = LayerIndex([], [])
+            entry.requests.append(i)
+            entry.segments.append(segment)
 
     unstreamed: list[int] = []
     for i, rt in enumerate(kept):
@@ -462,7 +469,7 @@ def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analys
             index(i, rt.segments)
     split_warnings: list[str] = []
     if unstreamed:
-        splitter = UnstreamedSplitter(decode_ms_per_token(s for _, s in by_layer.get(MODEL, ())))
+        splitter = UnstreamedSplitter(decode_ms_per_token(by_layer[MODEL].segments if MODEL in by_layer else ()))
         for i in unstreamed:
             kept[i] = splitter(kept[i])
             breakdowns[i] = layer_times_ms(kept[i])
