@@ -47,6 +47,9 @@ class Verdict:
     share_of_tail_excess: float | None
     confidence: float
     summary: str
+    #: Which branch of the verdict rules decided: "layer", "unattributed", "no_tail" or
+    #: "too_few_requests" (the last two have `layer` null).
+    status: str = "layer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,7 @@ class Report:
                 "share_of_tail_excess": self.verdict.share_of_tail_excess,
                 "confidence": self.verdict.confidence,
                 "summary": self.verdict.summary,
+                "status": self.verdict.status,
             },
             "findings": [
                 {
@@ -152,18 +156,18 @@ def decide_verdict(analysis: Analysis, findings: Sequence[Finding]) -> Verdict:
             + (f" ({analysis.warmup_skipped} more were warm-up)" if analysis.warmup_skipped else "")
             + (f"; typical latency is dominated by {typical}." if typical else ".")
         )
-        return Verdict(None, None, None, 0.0, summary)
+        return Verdict(None, None, None, 0.0, summary, "too_few_requests")
     if lat.p99_ms < TAIL_RATIO * lat.p50_ms:
         summary = f"No tail worth explaining: p99 {fmt_ms(lat.p99_ms)} is {lat.p99_ms / lat.p50_ms:.1f}x p50 {fmt_ms(lat.p50_ms)}"
         if typical:
             summary += f"; typical latency is dominated by {typical}."
         else:
             summary += "."
-        return Verdict(None, None, None, 1.0, summary)
+        return Verdict(None, None, None, 1.0, summary, "no_tail")
 
     stats = [s for s in analysis.layers.values() if s.tail_excess_ms > 0]
     if not stats:  # every layer's excess is <= 0: cannot happen when p99 >= 2x p50, but be safe
-        return Verdict(UNATTRIBUTED, None, None, 0.0, "The tail could not be attributed to any layer.")
+        return Verdict(UNATTRIBUTED, None, None, 0.0, "The tail could not be attributed to any layer.", "unattributed")
     top = max(stats, key=lambda s: s.tail_excess_ms)
     total_excess = sum(s.tail_excess_ms for s in analysis.layers.values())
     attributed_excess = total_excess - analysis.layer(UNATTRIBUTED).tail_excess_ms
@@ -182,6 +186,7 @@ def decide_verdict(analysis: Analysis, findings: Sequence[Finding]) -> Verdict:
             round(unattributed.share_of_tail_excess, 4),
             round(confidence, 3),
             summary,
+            "unattributed",
         )
 
     leads_tail5 = top.tail5_excess_ms >= max(s.tail5_excess_ms for s in analysis.layers.values())

@@ -71,9 +71,7 @@ class DbPoolExhaustion(Rule):
         stats = analysis.layer(DB_POOL)
         if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
             return
-        evidence: dict[str, object] = {
-            **layer_evidence(stats, "pool_wait"),
-        }
+        evidence: dict[str, object] = {**layer_evidence(stats, "pool_wait")}
         pools = sorted({str(s.attrs.get(DB_POOL_NAME)) for _, s in analysis.segments(DB_POOL) if s.attrs.get(DB_POOL_NAME)})
         if pools:
             evidence["pools"] = pools

@@ -91,9 +91,7 @@ class EventLoopBlocked(Rule):
 
         evidence: dict[str, object] = {}
         if stats.seen:
-            evidence.update(
-                **layer_evidence(stats, "event_loop"),
-            )
+            evidence.update(layer_evidence(stats, "event_loop"))
         if lag:
             evidence.update(
                 lag_p99_ms=round(lag_p99, 3),
@@ -179,7 +177,7 @@ def _hot_frames(samples: Iterable[StackSample]) -> tuple[list[dict[str, object]]
     """The hottest innermost frames of the active samples, on the event-loop threads if recognisable.
 
     Returns ([{"frame": "function (file)", "share": 0.42}, ...], scope) with at most `_HOT_FRAMES`
-    entries; share is of the active samples in scope, weighted by each sample's `count`.
+    entries; share is of the active samples in scope, weighted by each sample's `weight`.
     """
     samples = [s for s in samples if s.frames]
     loop_threads = {(s.pid, s.tid) for s in samples if any(f.filename.endswith(_LOOP_FILES) for f in s.frames)}

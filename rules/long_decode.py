@@ -91,9 +91,7 @@ class LongDecode(Rule):
         tail = analysis.cohort("tail")
         median = decode_cohort(analysis.cohort("median"))
         slow = decode_cohort(tail)
-        evidence: dict[str, Any] = {
-            **layer_evidence(stats, "decode"),
-        }
+        evidence: dict[str, Any] = {**layer_evidence(stats, "decode")}
         cause = "unknown"
         causes: list[str] = []
         if median is not None and slow is not None:

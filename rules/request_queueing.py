@@ -87,9 +87,7 @@ class RequestQueueing(Rule):
         stats = analysis.layer(QUEUE)
         if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
             return
-        evidence: dict[str, object] = {
-            **layer_evidence(stats, "queue"),
-        }
+        evidence: dict[str, object] = {**layer_evidence(stats, "queue")}
         sources = Counter(
             str(s.attrs[QUEUE_SOURCE]) for _, s in analysis.segments(QUEUE) if s.attrs.get(QUEUE_SOURCE)
         )

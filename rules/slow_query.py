@@ -75,9 +75,7 @@ class SlowQuery(Rule):
         stats = analysis.layer(DB_QUERY)
         if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
             return
-        evidence: dict[str, object] = {
-            **layer_evidence(stats, "query"),
-        }
+        evidence: dict[str, object] = {**layer_evidence(stats, "query")}
         top = [s for s in statement_stats(analysis) if s.tail_excess_ms > 0][:_TOP_STATEMENTS]
         if top:
             evidence["statements"] = [s.evidence() for s in top]

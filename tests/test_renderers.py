@@ -77,3 +77,9 @@ def test_json_renderer_writes_the_report_dict():
 
 def test_renderers_are_registered_by_name():
     assert {"text", "json"} <= set(renderers.names())
+
+
+def test_too_few_requests_is_no_verdict_not_a_healthy_service():
+    a = analysed(population(20, [("provider", 400)], [("db.pool", 3000), ("provider", 400)]))
+    text = render(build_report(a, []), 100)
+    assert "VERDICT  no verdict  Too few requests for a verdict: 20 analysed, 50 needed" in text

@@ -64,6 +64,7 @@ def test_no_tail_when_p99_is_under_twice_p50_but_summary_names_the_typical_layer
     assert a.latency.p99_ms < 2 * a.latency.p50_ms
     verdict = decide_verdict(a, [finding("provider-floor", "provider", 50)])
     assert verdict.layer is None and verdict.rule is None and verdict.share_of_tail_excess is None
+    assert verdict.status == "no_tail"
     assert verdict.summary.startswith("No tail worth explaining")
     assert "typical latency is dominated by provider (400 ms" in verdict.summary
 
@@ -71,7 +72,7 @@ def test_no_tail_when_p99_is_under_twice_p50_but_summary_names_the_typical_layer
 def test_no_verdict_with_fewer_than_50_requests():
     a = analysed(population(49, TYPICAL, [("db.pool", 3000), *TYPICAL]))
     verdict = decide_verdict(a, [])
-    assert verdict.layer is None
+    assert verdict.layer is None and verdict.status == "too_few_requests"
     assert "Too few requests for a verdict: 49 analysed, 50 needed" in verdict.summary
 
 
@@ -85,7 +86,7 @@ def test_unattributed_when_it_has_the_largest_excess():
     slow = population(200, TYPICAL, [*TYPICAL, (None, 3000)])
     a = analysed(slow)
     verdict = decide_verdict(a, [])
-    assert verdict.layer == "unattributed"
+    assert verdict.layer == "unattributed" and verdict.status == "unattributed"
     assert "not explained by what was collected" in verdict.summary
     assert "latprof attach" in verdict.summary  # names what would see it (source kind run)
 
@@ -140,7 +141,8 @@ def test_report_shape_follows_report_v1():
     assert report["layers"][0]["layer"] == "db.pool"
     assert {"layer", "p50_ms", "p99_ms", "tail_excess_ms", "share_of_tail_excess"} <= set(report["layers"][0])
     assert sum(row["share_of_tail_excess"] for row in report["layers"]) == pytest.approx(1.0, abs=0.001)
-    assert set(report["verdict"]) == {"layer", "rule", "share_of_tail_excess", "confidence", "summary"}
+    assert set(report["verdict"]) == {"layer", "rule", "share_of_tail_excess", "confidence", "summary", "status"}
+    assert report["verdict"]["status"] == "layer"
     assert set(report["findings"][0]) >= {"rule", "layer", "severity", "confidence", "impact_ms", "summary", "evidence", "fix"}
     assert set(report["collection"]) >= {"collectors", "coverage", "idle_share", "warmup_requests_skipped", "overhead", "warnings"}
     assert report["collection"]["coverage"] == 1.0

@@ -14,6 +14,13 @@ from latprof.renderers import register
 from latprof.report import Report
 
 _SPARKS = "▁▂▃▄▅▆▇█"
+# How each verdict branch is labelled ("" = the layer's name).
+_VERDICT_LABELS = {
+    "layer": ("", "bold red"),
+    "unattributed": ("unattributed", "bold magenta"),
+    "no_tail": ("no tail", "bold green"),
+    "too_few_requests": ("no verdict", "bold yellow"),
+}
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _BAR_WIDTH = 20
 # Below this console width the layer table leaves out the column that explains each layer.
@@ -68,12 +75,8 @@ def _header(report: Report) -> Text:
 def _verdict(report: Report) -> Text:
     verdict = report.verdict
     text = Text()
-    if verdict.layer is None:
-        text.append("VERDICT  no tail  ", style="bold green")
-    elif verdict.layer == "unattributed":
-        text.append("VERDICT  unattributed  ", style="bold magenta")
-    else:
-        text.append(f"VERDICT  {verdict.layer}  ", style="bold red")
+    label, style = _VERDICT_LABELS.get(verdict.status, (verdict.layer or "", "bold"))
+    text.append(f"VERDICT  {label or verdict.layer}  ", style=style)
     text.append(verdict.summary)
     details = [f"confidence {verdict.confidence:.2f}"]
     if verdict.rule:
