@@ -306,25 +306,24 @@ def layer_stats(breakdowns: Sequence[Mapping[str, float]], groups: Cohorts) -> d
     cohort; shares sum to 1 over the layers with positive excess (report-v1).
     """
     n = len(breakdowns)
-    columns: dict[str, list[float]] = {layer: [0.0] * n for layer in LAYERS}
+    # Percentiles need every request's value, but most requests have no time in most layers:
+    # sort only the non-zero values and account for the zeros by position.
     nonzero: dict[str, list[float]] = {layer: [] for layer in LAYERS}
-    for i, breakdown in enumerate(breakdowns):
+    for breakdown in breakdowns:
         for layer, value in breakdown.items():
-            columns[layer][i] = value
             nonzero[layer].append(value)
 
-    def mean_of(values: list[float], idx: tuple[int, ...]) -> float:
-        return sum(values[i] for i in idx) / len(idx) if idx else 0.0
+    def mean_of(layer: str, idx: tuple[int, ...]) -> float:
+        return sum(breakdowns[i].get(layer, 0.0) for i in idx) / len(idx) if idx else 0.0
 
     raw: dict[str, tuple[float, float, float, float, float, float, float]] = {}
-    for layer, values in columns.items():
-        seen = nonzero[layer]
+    for layer, seen in nonzero.items():
         if not seen:
             raw[layer] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
             continue
         seen.sort()
-        median_mean = mean_of(values, groups.median)
-        tail_mean = mean_of(values, groups.tail)
+        median_mean = mean_of(layer, groups.median)
+        tail_mean = mean_of(layer, groups.tail)
         raw[layer] = (
             _percentile_with_zeros(seen, n - len(seen), 50),
             _percentile_with_zeros(seen, n - len(seen), 99),
@@ -332,7 +331,7 @@ def layer_stats(breakdowns: Sequence[Mapping[str, float]], groups: Cohorts) -> d
             median_mean,
             tail_mean,
             tail_mean - median_mean,
-            mean_of(values, groups.tail5) - median_mean,
+            mean_of(layer, groups.tail5) - median_mean,
         )
     positive = sum(r[5] for r in raw.values() if r[5] > 0)
     return {

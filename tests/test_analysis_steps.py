@@ -112,3 +112,12 @@ def test_analyze_skips_warmup_by_default():
     assert a.warmup_skipped == 20
     assert len(a.requests) == 80
     assert a.coverage == 1.0
+
+
+def test_percentiles_with_most_requests_at_zero_match_the_plain_percentile():
+    from latprof.analysis import _percentile_with_zeros
+
+    values = [0.0] * 90 + [float(v) for v in range(1, 11)]
+    nonzero = [v for v in values if v]
+    for q in (0, 10, 50, 89, 90, 95, 99, 100):
+        assert _percentile_with_zeros(nonzero, 90, q) == pytest.approx(percentile(values, q))
