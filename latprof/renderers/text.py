@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -72,17 +73,19 @@ def _header(report: Report) -> Text:
     return text
 
 
-def _verdict(report: Report) -> Text:
+def _verdict(report: Report) -> Table:
     verdict = report.verdict
-    text = Text()
     label, style = _VERDICT_LABELS.get(verdict.status, (verdict.layer or "", "bold"))
-    text.append(f"VERDICT  {label or verdict.layer}  ", style=style)
-    text.append(verdict.summary)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
     details = [f"confidence {verdict.confidence:.2f}"]
     if verdict.rule:
         details.append(f"rule {verdict.rule}")
-    text.append(f"\n         ({', '.join(details)})", style="dim")
-    return text
+    summary = Text(verdict.summary)
+    summary.append(f"\n({', '.join(details)})", style="dim")
+    grid.add_row(Text(f"VERDICT  {label or verdict.layer}", style=style), summary)
+    return grid
 
 
 def _layer_table(report: Report, width: int) -> Table:
@@ -125,12 +128,11 @@ def _finding(finding: Finding) -> Group:
     if finding.impact_ms > 0:
         head.append(f"  impact {fmt_ms(finding.impact_ms)}")
     head.append(f"  confidence {finding.confidence:.2f}", style="dim")
-    body = Text(f"  {finding.summary}")
-    evidence = Text("  evidence: ", style="dim")
+    evidence = Text("evidence: ", style="dim")
     evidence.append(" · ".join(f"{k} {_value(v)}" for k, v in finding.evidence.items()), style="dim")
-    fix = Text("  fix: ", style="green")
+    fix = Text("fix: ", style="green")
     fix.append(finding.fix)
-    return Group(head, body, evidence, fix)
+    return Group(head, *(Padding(part, (0, 0, 0, 2)) for part in (Text(finding.summary), evidence, fix)))
 
 
 def _value(value: Any) -> str:
