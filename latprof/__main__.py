@@ -1,5 +1,5 @@
 """`python -m latprof`: the same as the `latprof` command."""
 
-from latprof.cli import run
+from latprof.cli import entry_point
 
-run()
+entry_point()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -12,13 +13,13 @@ import click
 
 from latprof import __version__, renderers
 from latprof.analysis import DEFAULT_WARMUP_S
-from latprof.errors import ConfigError, InputError, LatprofError
+from latprof.errors import CollectorError, ConfigError, InputError, LatprofError
 
 # Exit codes: 0 ok, 1 a failed check, 2 usage/input/config errors, 3 a latprof bug.
 EXIT_INTERNAL = 3
 
 # Big results a command is done with: freeing millions of objects one by one takes longer
-# than exiting, so the console script (`run`) leaves without freeing them.
+# than exiting, so the console script (`entry_point`) leaves without freeing them.
 _KEEP_UNTIL_EXIT: list[object] = []
 
 
@@ -105,6 +106,64 @@ def _emit(write: Any, output: Path | None) -> None:
         raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from None
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Capture file every process of the command appends to [default: latprof-<date>-<time>.jsonl].",
+)
+@_format_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
+@click.option("--no-report", is_flag=True, help="Only record; print no report when the command ends.")
+@click.option(
+    "--skip-warmup",
+    "warmup_s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_WARMUP_S,
+    show_default=True,
+    metavar="S",
+    help="Leave out the first S seconds of each process's traffic.",
+)
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def run(
+    ctx: click.Context,
+    out: Path | None,
+    fmt: str,
+    output: Path | None,
+    no_report: bool,
+    warmup_s: float,
+    cmd: tuple[str, ...],
+) -> None:
+    """Run a Python service with latprof's hooks, and diagnose it when it stops.
+
+    Everything after `--` is the command, e.g. `latprof run -- uvicorn app:app`. Every Python
+    process it starts loads the hooks (no code change); signals sent to latprof go on to it;
+    latprof exits with the command's exit code.
+    """
+    from latprof.launcher import processes_with_hooks, run_with_hooks
+    from latprof.pipeline import run_diagnosis
+
+    capture = out or Path(time.strftime("latprof-%Y%m%d-%H%M%S.jsonl"))
+    code = run_with_hooks(cmd, capture)
+    if not processes_with_hooks(capture):
+        raise CollectorError(
+            f"no process of `{' '.join(cmd)}` loaded latprof's hooks (it exited with {code}): latprof must be"
+            " importable by the command's Python - install latprof into the service's environment"
+            " (e.g. `pip install latprof` in its virtualenv) and run again"
+        )
+    click.echo(f"latprof: capture written to {capture}", err=True)
+    if not no_report:
+        try:
+            diagnosis = run_diagnosis([capture], warmup_s=warmup_s)
+        except LatprofError as exc:
+            click.echo(f"latprof: no report: {exc}", err=True)
+        else:
+            _emit(lambda stream: renderers.get(fmt)(diagnosis.report, stream), output)
+            _KEEP_UNTIL_EXIT.append(diagnosis)
+    ctx.exit(code)
+
+
 @main.group(invoke_without_command=True)
 @click.pass_context
 def rules(ctx: click.Context) -> None:
@@ -143,7 +202,7 @@ def explain(rule_id: str) -> None:
         out.write(f"    {name} = {default!r}  ({type_name})\n")
 
 
-def run() -> None:
+def entry_point() -> None:
     """The `latprof` console script: `main`, then exit without tearing down the heap.
 
     A diagnosed capture can hold millions of objects; freeing them one by one at exit took

@@ -1,0 +1,87 @@
+"""Start recording in this process when `latprof run` started it: the writer and every hook."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+from typing import Mapping
+
+from latprof.capture.writer import CaptureWriter, install_flush_on_signals
+from latprof.collectors import runtime
+from latprof.events import QualityRecord
+from latprof.semconv import NOTE_HOOKS_LOADED
+
+#: Modules of `latprof.collectors` that are not hooks.
+_NOT_HOOKS = frozenset({"runtime", "bootstrap"})
+
+
+def hook_names() -> list[str]:
+    """Every hook module in `latprof.collectors` (a module with an `install()` function)."""
+    package = importlib.import_module("latprof.collectors")
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_") and m.name not in _NOT_HOOKS)
+
+
+def install_hooks(names: list[str]) -> list[str]:
+    """Install the named hooks; return those that installed. A hook that fails is counted, not fatal."""
+    installed = []
+    for name in names:
+        try:
+            module = importlib.import_module(f"latprof.collectors.{name}")
+            if getattr(module, "install", None) is not None and module.install() is not False:
+                installed.append(name)
+        except Exception as exc:
+            runtime.count_error(name, exc)
+    return installed
+
+
+def install_from_environment(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Record into `$LATPROF_CAPTURE` with the hooks of `$LATPROF_HOOKS` (default all).
+
+    Does nothing without `LATPROF_CAPTURE`, or when this process already records. Writes a
+    "hooks loaded" record naming the hooks, which `latprof run` looks for.
+    """
+    path = environ.get(runtime.ENV_CAPTURE)
+    if not path or runtime.active():
+        return []
+    writer = CaptureWriter(path, source="run")
+    runtime.start(writer)
+    install_flush_on_signals(writer)
+    wanted = environ.get(runtime.ENV_HOOKS, "all")
+    available = hook_names()
+    names = available if wanted in ("", "all") else [n for n in wanted.split(",") if n in available]
+    installed = install_hooks(names)
+    _installed[:] = installed
+    runtime.emit(
+        QualityRecord(
+            NOTE_HOOKS_LOADED,
+            runtime.now_ns(),
+            runtime.pid(),
+            ", ".join(installed) or "no hooks",
+            1,
+            {"collectors": installed, "executable": sys.executable},
+        )
+    )
+    return installed
+
+
+def _announce_after_fork() -> None:
+    """A forked worker (gunicorn) inherits the hooks: say so in its own records too."""
+    if runtime.active():
+        runtime.emit(
+            QualityRecord(
+                NOTE_HOOKS_LOADED,
+                runtime.now_ns(),
+                runtime.pid(),
+                "inherited from the parent process",
+                1,
+                {"collectors": list(_installed), "executable": sys.executable, "forked": True},
+            )
+        )
+
+
+_installed: list[str] = []
+# Registered after the writer's own fork handler (imported above), which empties the buffer
+# the child inherited: this record must come after that.
+os.register_at_fork(after_in_child=_announce_after_fork)
