@@ -62,7 +62,8 @@ _ids: Iterator[int] = itertools.count(1)
 _errors: dict[str, int] = {}
 _last_error: dict[str, str] = {}
 _errors_reported_at: dict[str, float] = {}
-_errors_lock = threading.Lock()
+# Re-entrant: a finalizer (garbage collection) may count an error while this thread holds it.
+_errors_lock = threading.RLock()
 
 
 def _reset_ids() -> None:
@@ -154,6 +155,28 @@ def end_request(token: contextvars.Token[RequestState | None], end_ns: int | Non
     )
 
 
+#: `record(..., parent_id=ROOT)`: hang the segment off the request root, whatever is open.
+ROOT: Any = object()
+
+
+def current_parent() -> str | None:
+    """The id of the innermost open segment of this task, or None at the request root."""
+    return _parent.get()
+
+
+@contextlib.contextmanager
+def nested_under(segment_id: str) -> Iterator[None]:
+    """Make segments recorded in the block children of `segment_id` (a segment that ends later)."""
+    token = _parent.set(segment_id)
+    try:
+        yield
+    finally:
+        try:
+            _parent.reset(token)
+        except ValueError:  # left from another context
+            pass
+
+
 def record(
     name: str,
     layer: str | None,
@@ -165,16 +188,23 @@ def record(
     segment_id: str | None = None,
     state: RequestState | None = None,
 ) -> str | None:
-    """Emit a finished segment of the current request (or `state`); None outside any request."""
+    """Emit a finished segment of the current request (or `state`); None outside any request.
+
+    `parent_id` None nests it under this task's innermost open segment; `ROOT` under the root.
+    """
     state = state or _request.get()
     if state is None or _writer is None:
         return None
     sid = segment_id or new_id()
+    if parent_id is ROOT:
+        parent_id = None
+    elif parent_id is None:
+        parent_id = _parent.get()
     emit(
         Segment(
             state.request_id,
             sid,
-            parent_id if parent_id is not None else _parent.get(),
+            parent_id,
             name,
             layer,
             start_ns,

@@ -18,6 +18,11 @@ DB_POOL_NAME: Final = "db.client.connection.pool.name"
 SERVER_ADDRESS: Final = "server.address"
 HTTP_ROUTE: Final = "http.route"
 HTTP_STATUS_CODE: Final = "http.response.status_code"
+HTTP_RESEND_COUNT: Final = "http.request.resend_count"
+#: the class of error that ended an operation
+ERROR_TYPE: Final = "error.type"
+#: histogram (seconds) of the time to obtain an open connection from a pool
+METRIC_DB_CONNECTION_WAIT_TIME: Final = "db.client.connection.wait_time"
 
 # --- latprof's own attributes --------------------------------------------------------------
 #: bool on an LLM segment: False when the call was not streamed and TTFT was not observed.
@@ -28,6 +33,10 @@ LLM_CALL_ID: Final = "latprof.llm_call_id"
 ESTIMATED: Final = "latprof.estimated"
 #: bool on an LLM segment from stack samples: TTFT and decode could not be told apart.
 SPLIT_UNKNOWN: Final = "latprof.split_unknown"
+#: int on the segments of a streamed LLM call: chunks that carried output (a non-empty delta).
+OUTPUT_CHUNKS: Final = "latprof.output_chunks"
+#: float on a pool checkout segment: ms of it spent opening a new connection.
+CONNECT_MS: Final = "latprof.db.connect_ms"
 #: str on a `queue` segment: what the request queued in (backlog, threadpool, limiter, header).
 QUEUE_SOURCE: Final = "latprof.queue.source"
 
@@ -43,6 +52,7 @@ GAUGE_POOL_SIZE: Final = "db.pool.size"  # connections open
 GAUGE_POOL_MAX: Final = "db.pool.max"  # most connections the pool may open
 GAUGE_POOL_IN_USE: Final = "db.pool.in_use"  # connections checked out
 GAUGE_POOL_WAITERS: Final = "db.pool.waiters"  # callers waiting for a connection
+GAUGE_POOL_OVERFLOW: Final = "db.pool.overflow"  # connections open beyond the pool's base size
 GAUGE_LOOP_LAG_MS: Final = "event_loop.lag_ms"
 GAUGE_ACCEPT_QUEUE: Final = "accept.queue_depth"  # LISTEN socket rx_queue
 GAUGE_CPU_PERCENT: Final = "process.cpu_percent"

@@ -1,0 +1,599 @@
+"""SQLAlchemy hook: pool checkout waits, connection holds, statements and pool gauges of every engine.
+
+SQLAlchemy has no "waiting for a connection" event: the wait lives in the pool's `_do_get`,
+so that method is wrapped on every class of `sqlalchemy.pool.impl` that defines it (which
+ones do differs between releases; `QueuePool._do_get` calls itself, so only the outermost
+call of a thread or task is timed). The rest uses SQLAlchemy's public events, attached to
+the `Pool` and `Engine` classes so that every engine is covered, sync and asyncio alike (an
+async engine runs these sync callbacks in a greenlet that shares the task's context, so the
+current request and the wall clock work unchanged):
+
+- a `db.pool` segment "sqlalchemy checkout" for each checkout, from entering `_do_get` to
+  leaving it. When the pool opened a new connection inside the checkout (overflow allowed,
+  `NullPool`), that time stays in the segment, as in OpenTelemetry's
+  `db.client.connection.wait_time`, and the attribute `latprof.db.connect_ms` says how much of
+  it was opening the connection (so a rule can tell a slow connect from an exhausted pool);
+- a layer-less `db.connection.hold` segment from the pool's `checkout` event to its `checkin`;
+- a `db.query` segment per cursor execution, named by a summary of the statement (operation
+  and first table, e.g. "SELECT conversations"): never the statement text or its parameters;
+- the pool gauges (size, max, in use, overflow, waiters) of each `QueuePool`, read on checkout
+  and return at most every 100 ms per pool, and always when a checkout had to wait;
+- the checkout time as the OpenTelemetry histogram `db.client.connection.wait_time`, through
+  `opentelemetry-api` only (a no-op unless the service configured an SDK).
+
+Segments are recorded only inside a request. Nothing happens until SQLAlchemy is imported,
+and every callback counts its own errors instead of raising into the service.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import re
+import threading
+import time
+import types
+from typing import Any, Callable
+
+from latprof import semconv
+from latprof.collectors import runtime
+from latprof.layers import DB_POOL, DB_QUERY
+from latprof.semconv import (
+    DB_OPERATION_NAME,
+    DB_POOL_NAME,
+    DB_QUERY_SUMMARY,
+    DB_SYSTEM_NAME,
+    GAUGE_POOL_IN_USE,
+    GAUGE_POOL_MAX,
+    GAUGE_POOL_SIZE,
+    GAUGE_POOL_WAITERS,
+    SEGMENT_CONNECTION_HOLD,
+)
+
+HOOK = "sqlalchemy"
+
+#: Name of the `db.pool` segment of a checkout.
+SEGMENT_CHECKOUT = "sqlalchemy checkout"
+
+GAUGE_POOL_OVERFLOW = semconv.GAUGE_POOL_OVERFLOW
+CONNECT_MS = semconv.CONNECT_MS
+ERROR_TYPE = semconv.ERROR_TYPE
+OTEL_WAIT_TIME = semconv.METRIC_DB_CONNECTION_WAIT_TIME  # its attribute is DB_POOL_NAME, OpenTelemetry's name
+
+#: At most one reading of a pool's gauges per this interval, unless a checkout waited.
+GAUGE_INTERVAL_NS = 100_000_000
+#: A checkout slower than this (beyond opening a connection) waited for one.
+WAITED_NS = 1_000_000
+#: Statements summarised once and remembered, at most; the cache is emptied when full.
+SUMMARY_CACHE_SIZE = 2048
+#: Only the head of a statement is read to summarise it.
+SUMMARY_SCAN_CHARS = 4096
+
+_HOLD_KEY = "latprof.hold"  # in ConnectionPoolEntry.info: the open hold of a checked-out connection
+_STATE_ATTR = "_latprof_pool"  # on a Pool instance: its _PoolState
+
+# OpenTelemetry's db.system.name for SQLAlchemy dialect names that differ from it.
+_SYSTEM_NAMES = {"mssql": "microsoft.sql_server", "oracle": "oracle.db"}
+
+
+class _PoolState:
+    """What the hook keeps per pool: its name, attributes ready to use, waiters, gauge limiter."""
+
+    __slots__ = ("name", "system", "attrs", "pool_attrs", "lock", "waiters", "gauged_at_ns", "gauged")
+
+    def __init__(self, name: str, system: str | None) -> None:
+        self.name = name
+        self.system = system
+        self.attrs: dict[str, Any] = {DB_POOL_NAME: name}
+        if system:
+            self.attrs[DB_SYSTEM_NAME] = system
+        self.pool_attrs = {DB_POOL_NAME: name}  # for gauges and the OpenTelemetry histogram
+        self.lock = threading.Lock()
+        self.waiters = 0  # this hook's own in-flight outermost _do_get calls
+        self.gauged_at_ns = -GAUGE_INTERVAL_NS  # monotonic time of the last reading
+        self.gauged: tuple[float, ...] | None = None  # the last values emitted
+
+
+class _Checkout:
+    """One outermost `_do_get` in progress."""
+
+    __slots__ = ("state", "request", "start_ns", "token", "connect_started_s")
+
+    def __init__(self, state: _PoolState, request: runtime.RequestState | None, start_ns: int) -> None:
+        self.state = state
+        self.request = request
+        self.start_ns = start_ns
+        self.token: contextvars.Token[_Checkout | None] | None = None
+        self.connect_started_s: float | None = None  # when a connection opened inside began
+
+
+# The checkout in progress in this thread or task: the re-entry guard of `_do_get`, and where
+# the `connect` event notes that a new connection is being opened for it. A greenlet of an
+# async engine runs in its task's context, so this is per thread and per task.
+_checkout: contextvars.ContextVar[_Checkout | None] = contextvars.ContextVar(
+    "latprof_sqlalchemy_checkout", default=None
+)
+# The statement executing in this thread or task: (start_ns, statement, id of its connection;
+# an id, so that a statement whose end was never seen keeps no connection alive).
+_statement: contextvars.ContextVar[tuple[int, str, int] | None] = contextvars.ContextVar(
+    "latprof_sqlalchemy_statement", default=None
+)
+
+_lock = threading.RLock()
+_installed = False
+_patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
+_listeners: list[tuple[Any, str, Callable[..., Any]]] = []  # (target, event, fn) to remove
+_wait_histogram: Any = None
+
+
+# --- install ---------------------------------------------------------------------------------
+
+
+def install() -> bool:
+    """Hook SQLAlchemy when it is imported (now, if it already is). Idempotent."""
+    global _installed
+    with _lock:
+        if _installed:
+            return True
+        _installed = True
+    runtime.when_imported("sqlalchemy", _patch)
+    return True
+
+
+def uninstall() -> None:
+    """Undo every patch and listener (tests); pools keep their harmless bookkeeping."""
+    global _installed
+    with _lock:
+        _installed = False
+        _unpatch()
+
+
+def _patch(sqlalchemy_module: types.ModuleType) -> None:
+    """Patch the pool classes and attach the listeners; all or nothing, errors counted."""
+    with _lock:
+        if not _installed or _patched or _listeners:
+            return
+        try:
+            _apply()
+        except Exception as exc:
+            _unpatch()
+            runtime.count_error(HOOK, exc)
+
+
+def _apply() -> None:
+    global _wait_histogram
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.pool import Pool, impl
+
+    for cls in [getattr(impl, name) for name in dir(impl)]:
+        if isinstance(cls, type) and issubclass(cls, Pool) and "_do_get" in cls.__dict__:
+            _replace(cls, "_do_get", _wrap_do_get(cls.__dict__["_do_get"]))
+    if "_return_conn" in Pool.__dict__:
+        _replace(Pool, "_return_conn", _wrap_return_conn(Pool.__dict__["_return_conn"]))
+    _replace(Engine, "__init__", _wrap_engine_init(Engine.__dict__["__init__"]))
+    for target, name, fn in (
+        (Pool, "connect", _on_connect),
+        (Pool, "checkout", _on_checkout),
+        (Pool, "checkin", _on_checkin),
+        (Engine, "engine_disposed", _on_engine_disposed),
+        (Engine, "before_cursor_execute", _before_cursor_execute),
+        (Engine, "after_cursor_execute", _after_cursor_execute),
+        (Engine, "handle_error", _on_handle_error),
+    ):
+        event.listen(target, name, fn)
+        _listeners.append((target, name, fn))
+    _wait_histogram = _make_wait_histogram()
+
+
+def _replace(cls: type, name: str, wrapper: Callable[..., Any]) -> None:
+    original = cls.__dict__[name]
+    if getattr(original, "__latprof_original__", None) is not None:
+        return  # patched already (another copy of this module)
+    wrapper.__latprof_original__ = original  # type: ignore[attr-defined]
+    setattr(cls, name, wrapper)
+    _patched.append((cls, name, original))
+
+
+def _unpatch() -> None:
+    global _wait_histogram
+    if _listeners:
+        from sqlalchemy import event
+
+        for target, name, fn in reversed(_listeners):
+            try:
+                event.remove(target, name, fn)
+            except Exception as exc:
+                runtime.count_error(HOOK, exc)
+    _listeners.clear()
+    for cls, name, original in reversed(_patched):
+        setattr(cls, name, original)
+    _patched.clear()
+    _wait_histogram = None
+
+
+def _make_wait_histogram() -> Any:
+    try:
+        from opentelemetry import metrics
+
+        return metrics.get_meter("latprof").create_histogram(
+            OTEL_WAIT_TIME, unit="s", description="The time it took to obtain an open connection from the pool"
+        )
+    except Exception as exc:  # opentelemetry-api missing or broken: the rest still works
+        runtime.count_error(HOOK, exc)
+        return None
+
+
+# --- pools: names and state -------------------------------------------------------------------
+
+
+def pool_name(url: Any) -> str:
+    """The pool's name from its engine URL: backend, host, port, database; no credentials or query."""
+    bare = type(url).create(url.get_backend_name(), host=url.host, port=url.port, database=url.database)
+    return str(bare.render_as_string(hide_password=True))
+
+
+def system_name(dialect: Any) -> str:
+    """OpenTelemetry's `db.system.name` for a SQLAlchemy dialect."""
+    name = str(dialect.name)
+    if name == "mysql" and getattr(dialect, "is_mariadb", False):
+        return "mariadb"
+    return _SYSTEM_NAMES.get(name, name)
+
+
+def _tag_pool(engine: Any) -> None:
+    pool = engine.pool
+    state = pool.__dict__.get(_STATE_ATTR)
+    if state is None or state.system is None:
+        pool.__dict__[_STATE_ATTR] = _PoolState(pool_name(engine.url), system_name(engine.dialect))
+
+
+def _pool_state(pool: Any) -> _PoolState:
+    state: _PoolState | None = pool.__dict__.get(_STATE_ATTR)
+    if state is None:  # a pool no engine of ours was built on (made before install, or standalone)
+        fallback = _PoolState(f"sqlalchemy {type(pool).__name__} {id(pool):x}", None)
+        state = pool.__dict__.setdefault(_STATE_ATTR, fallback)
+    return state
+
+
+def _wrap_engine_init(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            _tag_pool(self)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+
+    return __init__
+
+
+@runtime.guarded(HOOK)
+def _on_engine_disposed(engine: Any) -> None:
+    _tag_pool(engine)  # dispose() replaced the engine's pool with a new one
+
+
+# --- checkout wait ----------------------------------------------------------------------------
+
+
+def _wrap_do_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @functools.wraps(original)
+    def _do_get(self: Any) -> Any:
+        if _checkout.get() is not None:  # QueuePool._do_get calling itself, or a subclass its base
+            return original(self)
+        checkout = _begin_checkout(self)
+        if checkout is None:
+            return original(self)
+        try:
+            record = original(self)
+        except BaseException as exc:
+            _end_checkout(self, checkout, exc)
+            raise
+        _end_checkout(self, checkout, None)
+        return record
+
+    return _do_get
+
+
+def _begin_checkout(pool: Any) -> _Checkout | None:
+    try:
+        state = _pool_state(pool)
+        checkout = _Checkout(state, runtime.current_request(), runtime.now_ns())
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+        return None
+    try:
+        _read_gauges(pool, state)  # before counting itself: a caller served at once never waited
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+    with state.lock:
+        state.waiters += 1
+    checkout.token = _checkout.set(checkout)
+    return checkout
+
+
+def _end_checkout(pool: Any, checkout: _Checkout, error: BaseException | None) -> None:
+    end = runtime.now_ns()
+    state = checkout.state
+    try:  # the re-entry guard and the waiter count first: they must never stay set
+        if checkout.token is not None:
+            try:
+                _checkout.reset(checkout.token)
+            except ValueError:  # not the context it was set in
+                _checkout.set(None)
+    finally:
+        with state.lock:
+            waiting = state.waiters
+            state.waiters -= 1
+    elapsed = end - checkout.start_ns
+    connect_ns = 0
+    try:
+        if checkout.connect_started_s is not None:
+            connect_ns = min(elapsed, max(0, end - int(checkout.connect_started_s * 1e9)))
+        if elapsed - connect_ns >= WAITED_NS:
+            _read_gauges(pool, state, force=True, waiters=waiting)  # how the pool looked while it waited
+        else:
+            _read_gauges(pool, state)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+    try:
+        histogram = _wait_histogram
+        if histogram is not None:
+            histogram.record(elapsed / 1e9, state.pool_attrs)
+        if checkout.request is not None:
+            attrs = dict(state.attrs)
+            if checkout.connect_started_s is not None:
+                attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
+            if error is not None:
+                attrs[ERROR_TYPE] = type(error).__qualname__
+            runtime.record(SEGMENT_CHECKOUT, DB_POOL, checkout.start_ns, end, attrs, state=checkout.request)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+
+
+@runtime.guarded(HOOK)
+def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
+    checkout = _checkout.get()
+    if checkout is not None and checkout.connect_started_s is None:
+        # the record notes when it began opening the connection; the checkout ends when it is open
+        checkout.connect_started_s = float(getattr(connection_record, "starttime", 0) or time.time())
+
+
+# --- holds ------------------------------------------------------------------------------------
+
+
+@runtime.guarded(HOOK)
+def _on_checkout(dbapi_connection: Any, connection_record: Any, connection_proxy: Any) -> None:
+    info = connection_record.info
+    request = runtime.current_request()
+    if request is None or not runtime.active():
+        info.pop(_HOLD_KEY, None)  # a hold left by a connection detached without checkin
+        return
+    pool = getattr(connection_proxy, "_pool", None)
+    name = _pool_state(pool).name if pool is not None else "sqlalchemy"
+    parent = runtime.current_parent()  # a hold nests where the checkout happened
+    info[_HOLD_KEY] = (runtime.now_ns(), request, parent, name)
+
+
+@runtime.guarded(HOOK)
+def _on_checkin(dbapi_connection: Any, connection_record: Any) -> None:
+    held = connection_record.info.pop(_HOLD_KEY, None)
+    if held is None:
+        return
+    start, request, parent, name = held
+    end = runtime.now_ns()
+    attrs = {DB_POOL_NAME: name}
+    # Not under whatever segment the checkin happens to run in.
+    runtime.record(
+        SEGMENT_CONNECTION_HOLD, None, start, end, attrs, parent_id=runtime.ROOT if parent is None else parent, state=request
+    )
+
+
+# --- gauges -----------------------------------------------------------------------------------
+
+
+def _wrap_return_conn(original: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    @functools.wraps(original)
+    def _return_conn(self: Any, record: Any) -> None:
+        original(self, record)
+        try:
+            state = self.__dict__.get(_STATE_ATTR)
+            if state is not None:
+                _read_gauges(self, state)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+
+    return _return_conn
+
+
+def _read_gauges(pool: Any, state: _PoolState, force: bool = False, waiters: int | None = None) -> None:
+    """Emit the pool's gauges if they changed and the last reading is 100 ms old, or if `force`."""
+    now = time.monotonic_ns()
+    if not force and now - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+        return
+    if not runtime.active():
+        return
+    checkedout = getattr(pool, "checkedout", None)
+    if checkedout is None:  # NullPool, StaticPool, ...: nothing to count
+        return
+    state.gauged_at_ns = now
+    in_use = checkedout()
+    open_connections = pool.checkedin() + in_use
+    pool_size = pool.size()
+    max_overflow = getattr(pool, "_max_overflow", -1)
+    most = pool_size + max_overflow if max_overflow >= 0 else -1.0  # -1: unbounded, not emitted
+    values = (
+        float(open_connections),
+        float(most),
+        float(in_use),
+        float(max(0, open_connections - pool_size)),
+        float(state.waiters if waiters is None else waiters),
+    )
+    if not force and values == state.gauged:
+        return
+    state.gauged = values
+    attrs = state.pool_attrs
+    runtime.gauge(GAUGE_POOL_SIZE, values[0], attrs)
+    if values[1] >= 0:
+        runtime.gauge(GAUGE_POOL_MAX, values[1], attrs)
+    runtime.gauge(GAUGE_POOL_IN_USE, values[2], attrs)
+    runtime.gauge(GAUGE_POOL_OVERFLOW, values[3], attrs)
+    runtime.gauge(GAUGE_POOL_WAITERS, values[4], attrs)
+
+
+# --- statements -------------------------------------------------------------------------------
+
+
+@runtime.guarded(HOOK)
+def _before_cursor_execute(
+    conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+) -> None:
+    if runtime.current_request() is not None:
+        _statement.set((runtime.now_ns(), statement, id(conn)))
+
+
+@runtime.guarded(HOOK)
+def _after_cursor_execute(
+    conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+) -> None:
+    pending = _statement.get()
+    if pending is not None and pending[2] == id(conn):
+        _statement.set(None)
+        _record_statement(conn, pending, None)
+
+
+@runtime.guarded(HOOK)
+def _on_handle_error(exception_context: Any) -> None:
+    pending = _statement.get()
+    if pending is not None and pending[2] == id(exception_context.connection):
+        _statement.set(None)
+        _record_statement(exception_context.connection, pending, exception_context.original_exception)
+
+
+def _record_statement(conn: Any, pending: tuple[int, str, int], error: BaseException | None) -> None:
+    end = runtime.now_ns()
+    start, statement, _ = pending
+    summary, operation = summarize(statement)
+    attrs: dict[str, Any] = {DB_SYSTEM_NAME: system_name(conn.dialect), DB_QUERY_SUMMARY: summary}
+    if operation:
+        attrs[DB_OPERATION_NAME] = operation
+    if error is not None:
+        attrs[ERROR_TYPE] = type(error).__qualname__
+    runtime.record(summary, DB_QUERY, start, end, attrs)
+
+
+# A statement's tokens, in the order the alternatives are tried: what is skipped (space,
+# comments), literals (never read), quoted identifiers, words, numbers, single characters.
+_TOKENS = re.compile(
+    r"""
+    (?P<skip>\s+|--[^\n]*|/\*.*?(?:\*/|\Z))
+    |(?P<literal>'(?:[^']|'')*'?|\$(?P<tag>[A-Za-z_]\w*|)\$.*?(?:\$(?P=tag)\$|\Z))
+    |(?P<quoted>"(?:[^"]|"")*"?|`[^`]*`?|\[[^\]]*\]?)
+    |(?P<word>[A-Za-z_][\w$]*)
+    |(?P<number>\d[\w.]*)
+    |(?P<char>.)
+    """,
+    re.DOTALL | re.VERBOSE,
+)
+# Where the statement's target follows, after the operation: the word before it.
+_TARGET_AFTER = {"SELECT": "FROM", "DELETE": "FROM", "INSERT": "INTO", "REPLACE": "INTO", "MERGE": "INTO"}
+_TARGET_NEXT = frozenset({"UPDATE", "CALL", "TRUNCATE", "COPY", "LOCK", "VACUUM", "ANALYZE"})
+_DDL = frozenset({"CREATE", "DROP", "ALTER"})
+_DDL_MODIFIERS = frozenset(
+    {"OR", "REPLACE", "TEMP", "TEMPORARY", "UNLOGGED", "UNIQUE", "GLOBAL", "LOCAL", "MATERIALIZED"}
+    | {"IF", "NOT", "EXISTS", "CONCURRENTLY", "ONLY"}
+)
+_MAIN_OPERATIONS = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE"})
+_NOT_A_TARGET = frozenset({"ONLY", "TABLE", "LATERAL", "IGNORE"})
+_summaries: dict[str, tuple[str, str]] = {}
+
+
+def summarize(statement: str) -> tuple[str, str]:
+    """A statement's summary ("SELECT conversations") and operation ("SELECT"); no literals, ever.
+
+    The summary is the operation and the first table it reads or writes (the object for DDL),
+    from identifiers only: string literals, numbers and parameters are never part of it.
+    Remembered per statement text, since an application runs the same few statements.
+    """
+    head = statement[:SUMMARY_SCAN_CHARS]
+    known = _summaries.get(head)
+    if known is None:
+        known = _summarize(head)
+        if len(_summaries) >= SUMMARY_CACHE_SIZE:
+            _summaries.clear()
+        _summaries[head] = known
+    return known
+
+
+def _summarize(statement: str) -> tuple[str, str]:
+    tokens: list[tuple[str, str, int]] = []  # (kind, text, paren depth)
+    depth = 0
+    for match in _TOKENS.finditer(statement):
+        kind = match.lastgroup or "char"
+        if kind == "tag":
+            kind = "literal"
+        if kind == "skip":
+            continue
+        text = match.group()
+        if text == "(":
+            depth += 1
+        elif text == ")":
+            depth = max(0, depth - 1)
+        tokens.append((kind, text, depth))
+    words = [(i, text.upper(), d) for i, (kind, text, d) in enumerate(tokens) if kind == "word"]
+    if not words:
+        return "OTHER", ""
+    start, operation, op_depth = words[0]
+    if operation == "WITH":  # the statement proper follows the common table expressions
+        main = next(((i, w, d) for i, w, d in words[1:] if d == op_depth and w in _MAIN_OPERATIONS), None)
+        if main is None:
+            return "WITH", "WITH"
+        start, operation, op_depth = main
+    target: str | None = None
+    if operation in _TARGET_AFTER:
+        keyword = _TARGET_AFTER[operation]
+        # the operation's own FROM first ("SELECT extract(year FROM ts) FROM t" reads t), then any
+        for same_depth in (True, False):
+            target = next(
+                (
+                    found
+                    for i, w, d in words
+                    if i > start and w == keyword and (d == op_depth or not same_depth)
+                    for found in (_identifier(tokens, i + 1),)
+                    if found is not None
+                ),
+                None,
+            )
+            if target is not None:
+                break
+    elif operation in _TARGET_NEXT:
+        target = _identifier(tokens, start + 1)
+    elif operation in _DDL:
+        i = start + 1
+        while i < len(tokens) and tokens[i][0] == "word" and tokens[i][1].upper() in _DDL_MODIFIERS:
+            i += 1
+        if i < len(tokens) and tokens[i][0] == "word":
+            kind_word = tokens[i][1].upper()
+            i += 1
+            while i < len(tokens) and tokens[i][0] == "word" and tokens[i][1].upper() in _DDL_MODIFIERS:
+                i += 1
+            name = _identifier(tokens, i)
+            return (f"{operation} {kind_word} {name}" if name else f"{operation} {kind_word}"), operation
+    return (f"{operation} {target}" if target else operation), operation
+
+
+def _identifier(tokens: list[tuple[str, str, int]], i: int) -> str | None:
+    """The (possibly schema-qualified) identifier starting at token `i`, unquoted; else None."""
+    while i < len(tokens) and tokens[i][0] == "word" and tokens[i][1].upper() in _NOT_A_TARGET:
+        i += 1
+    parts: list[str] = []
+    while i < len(tokens) and tokens[i][0] in ("word", "quoted"):
+        kind, text, _ = tokens[i]
+        parts.append(text if kind == "word" else text[1:-1] if len(text) > 1 else text)
+        if i + 1 < len(tokens) and tokens[i + 1][1] == ".":
+            i += 2
+            continue
+        break
+    if not parts:
+        return None
+    return ".".join(parts)[:128]

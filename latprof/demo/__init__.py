@@ -1,0 +1,1 @@
+"""The bundled demo: an OpenAI-compatible provider whose every latency fault is a setting."""
