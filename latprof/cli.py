@@ -116,6 +116,13 @@ def _emit(write: Any, output: Path | None) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
 @click.option("--no-report", is_flag=True, help="Only record; print no report when the command ends.")
 @click.option(
+    "--hooks",
+    default="all",
+    show_default=True,
+    metavar="NAMES",
+    help="Comma-separated hooks to load (asgi, asyncio_loop, openai, sqlalchemy), or all.",
+)
+@click.option(
     "--skip-warmup",
     "warmup_s",
     type=click.FloatRange(min=0),
@@ -132,6 +139,7 @@ def run(
     fmt: str,
     output: Path | None,
     no_report: bool,
+    hooks: str,
     warmup_s: float,
     cmd: tuple[str, ...],
 ) -> None:
@@ -141,11 +149,17 @@ def run(
     process it starts loads the hooks (no code change); signals sent to latprof go on to it;
     latprof exits with the command's exit code.
     """
-    from latprof.launcher import processes_with_hooks, run_with_hooks
+    from latprof.launcher import available_hooks, processes_with_hooks, run_with_hooks
     from latprof.pipeline import run_diagnosis
 
+    wanted = [name.strip() for name in hooks.split(",") if name.strip()]
+    if wanted != ["all"]:
+        known = available_hooks()
+        unknown = sorted(set(wanted) - set(known))
+        if unknown:
+            raise ConfigError(f"--hooks: no hook {', '.join(unknown)} (known: {', '.join(known)})")
     capture = out or Path(time.strftime("latprof-%Y%m%d-%H%M%S.jsonl"))
-    code = run_with_hooks(cmd, capture)
+    code = run_with_hooks(cmd, capture, hooks=",".join(wanted))
     if not processes_with_hooks(capture):
         raise CollectorError(
             f"no process of `{' '.join(cmd)}` loaded latprof's hooks (it exited with {code}): latprof must be"

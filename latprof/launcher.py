@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -20,6 +21,12 @@ ENV_HOOKS = "LATPROF_HOOKS"
 FORWARDED_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
 )
+
+
+def available_hooks() -> list[str]:
+    """Names of the hooks `--hooks` may choose from (the hook modules of `latprof.collectors`)."""
+    bootstrap = importlib.import_module("latprof.collectors.bootstrap")  # mapped from collectors/
+    return list(bootstrap.hook_names())
 
 
 def hooked_environment(capture: Path, hooks: str = "all", environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -152,3 +152,13 @@ def test_unknown_command_is_one_line(tmp_path):
     result = latprof_run(tmp_path, "--", "no-such-command-latprof")
     assert result.returncode == 2
     assert result.stderr.strip() == "latprof: error: no-such-command-latprof: command not found"
+
+
+def test_hooks_can_be_chosen_and_unknown_ones_are_refused(tmp_path):
+    probe = "from latprof.collectors import bootstrap; import sys; print(sorted(bootstrap._installed))"
+    result = latprof_run(tmp_path, "--no-report", "--hooks", "openai", "--", sys.executable, "-c", probe)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['openai']"
+    bad = latprof_run(tmp_path, "--hooks", "openai,gpu", "--", sys.executable, "-c", "pass")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().startswith("latprof: error: --hooks: no hook gpu (known: asgi, asyncio_loop, openai, sqlalchemy)")
