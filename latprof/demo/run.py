@@ -1,0 +1,228 @@
+"""`latprof demo`: a bundled provider and AI service with a known fault, load, and the diagnosis.
+
+The provider runs in a thread of this process; the service runs under `latprof run` (so the
+hooks load in it exactly as for a user's service) and is stopped with SIGTERM by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+
+from latprof.analysis import DEFAULT_WARMUP_S
+from latprof.demo.load import LoadStats, drive
+from latprof.demo.provider import Provider, ProviderConfig
+from latprof.demo.scenarios import DEFAULT_SCENARIO, Scenario, get_scenario
+from latprof.errors import CollectorError, ConfigError
+from latprof.pipeline import Diagnosis, run_diagnosis
+from latprof.report import Report
+
+ENV_SECONDS = "LATPROF_DEMO_SECONDS"
+DEFAULT_DURATION_S = 20.0
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    scenario: Scenario
+    capture: Path
+    diagnosis: Diagnosis
+    load: LoadStats
+
+    @property
+    def report(self) -> Report:
+        return self.diagnosis.report
+
+
+def normalize_dsn(dsn: str) -> str:
+    """A SQLAlchemy URL with an asyncio driver: postgresql(+psycopg2) -> +psycopg, sqlite -> +aiosqlite."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep:
+        raise ConfigError(
+            f"--dsn {dsn!r}: not a database URL (e.g. postgresql://user@host:5432/db)"
+        )
+    base = scheme.split("+", 1)[0].lower()
+    if base in ("postgresql", "postgres"):
+        return f"postgresql+psycopg://{rest}"
+    if base == "sqlite":
+        return f"sqlite+aiosqlite://{rest}"
+    raise ConfigError(
+        f"--dsn {dsn!r}: the demo supports postgresql:// and sqlite:// URLs"
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def duration_from_env(default: float = DEFAULT_DURATION_S) -> float:
+    value = os.environ.get(ENV_SECONDS)
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{ENV_SECONDS}={value!r}: not a number of seconds") from None
+    if seconds <= 0:
+        raise ConfigError(f"{ENV_SECONDS}={value!r}: must be > 0")
+    return seconds
+
+
+def run_demo(
+    scenario: str = DEFAULT_SCENARIO,
+    *,
+    dsn: str | None = None,
+    capture: Path | None = None,
+    duration_s: float | None = None,
+    warmup_s: float = DEFAULT_WARMUP_S,
+    progress: TextIO | None = sys.stderr,
+) -> DemoResult:
+    """Run `scenario` end to end and diagnose it; the capture is kept at `capture`."""
+    spec = get_scenario(scenario)
+    seconds = duration_from_env() if duration_s is None else duration_s
+    if seconds <= 0:
+        raise ConfigError("the demo duration must be > 0 s")
+    capture = Path(
+        capture or time.strftime("latprof-demo-%Y%m%d-%H%M%S.jsonl")
+    ).resolve()
+    if capture.exists():
+        capture.unlink()  # `latprof run` appends; a demo starts afresh
+
+    def say(message: str) -> None:
+        if progress is not None:
+            progress.write(f"latprof demo: {message}\n")
+            progress.flush()
+
+    with tempfile.TemporaryDirectory(prefix="latprof-demo-") as tmp:
+        workdir = Path(tmp)
+        url = (
+            normalize_dsn(dsn) if dsn else f"sqlite+aiosqlite:///{workdir / 'demo.db'}"
+        )
+        db_label = "PostgreSQL" if url.startswith("postgresql") else "SQLite"
+        say(f"scenario {spec.name}: {spec.summary} ({db_label})")
+        with Provider(ProviderConfig(**spec.provider)) as provider:
+            port = _free_port()
+            env = {
+                **os.environ,
+                "LATPROF_DEMO_DSN": url,
+                "LATPROF_DEMO_POOL_SIZE": str(spec.pool_size),
+                "LATPROF_DEMO_PROVIDER_URL": provider.url,
+                "LATPROF_DEMO_THREADPOOL_TOKENS": str(spec.threadpool_tokens),
+            }
+            cmd = [
+                sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture), "--",
+                sys.executable, "-m", "uvicorn", "latprof.demo.service:app", "--host", "127.0.0.1",
+                "--port", str(port), "--log-level", "warning", "--no-access-log",
+            ]  # fmt: skip
+            log_path = workdir / "service.log"
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=workdir,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                try:
+                    base_url = f"http://127.0.0.1:{port}"
+                    _wait_ready(proc, base_url, log_path)
+                    say(
+                        f"service up on {base_url} (pid {proc.pid}); {spec.rate_rps:g} requests/s for {seconds:g} s"
+                    )
+                    load = drive(
+                        base_url, spec.path, spec.rate_rps, seconds, progress=progress
+                    )
+                finally:
+                    code = _stop(proc)
+            if load.errors and progress is not None:
+                say(
+                    f"{load.errors} requests failed, e.g. {load.error_samples[0] if load.error_samples else '?'}"
+                )
+            if not capture.exists():
+                raise CollectorError(
+                    f"the demo service wrote no capture (exit {code}): {_tail(log_path)}"
+                )
+        say(f"capture written to {capture}; diagnosing")
+        diagnosis = run_diagnosis([capture], warmup_s=warmup_s)
+    return DemoResult(spec, capture, diagnosis, load)
+
+
+def _tail(path: Path, chars: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:].strip() or "(no output)"
+    except OSError:
+        return "(no output)"
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], base_url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CollectorError(
+                f"the demo service exited with {proc.returncode}: {_tail(log_path)}"
+            )
+        try:
+            if httpx.get(f"{base_url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise CollectorError(
+        f"the demo service did not answer within {START_TIMEOUT_S:g} s: {_tail(log_path)}"
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to `latprof run` (it forwards it to uvicorn), wait; kill its process group if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        return proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of `pid`'s descendants (Linux /proc; none elsewhere)."""
+    found: list[int] = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as stream:
+            direct = [int(p) for p in stream.read().split()]
+    except OSError:
+        return found
+    for child in direct:
+        found += [child, *_children(child)]
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `latprof run` and what it started, by pid (uvicorn runs in its own process group)."""
+    for child in _children(proc.pid):
+        try:
+            os.kill(child, signal.SIGKILL)
+        except OSError:
+            continue
+    proc.kill()
+
+
+if __name__ == "__main__":  # python -m latprof.demo.run [SCENARIO]
+    from latprof import renderers
+
+    result = run_demo(*(sys.argv[1:2] or [DEFAULT_SCENARIO]))
+    renderers.get("text")(result.report, sys.stdout)

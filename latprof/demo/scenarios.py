@@ -1,0 +1,90 @@
+"""The faults `latprof demo` can show: how the provider answers, how the service behaves, the load.
+
+Each scenario is decisive on a loaded 2-core machine within ~10-20 s of load: the fault owns
+the tail by a wide margin, and every other layer stays flat.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from latprof.errors import ConfigError
+
+DEFAULT_SCENARIO = "pool-held-across-llm"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    #: The verdict layer the demo should end with (None: no layer owns the tail).
+    expected_layer: str | None
+    #: Requests per second, Poisson arrivals (open loop).
+    rate_rps: float
+    #: `latprof.demo.provider.ProviderConfig` settings.
+    provider: dict[str, Any] = field(default_factory=dict)
+    #: Service settings, passed as LATPROF_DEMO_* environment variables.
+    pool_size: int = 5
+    threadpool_tokens: int = 40
+    #: The service's route the load calls.
+    path: str = "/chat"
+    #: A finding the demo should also produce (rule id), beyond the verdict.
+    expected_finding: str | None = None
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="pool-held-across-llm",
+            summary=(
+                "Each request checks a database connection out of a 3-connection pool (max_overflow=0),"
+                " runs a SELECT and keeps the connection while it streams the LLM answer"
+            ),
+            expected_layer="db.pool",
+            rate_rps=11.0,
+            provider={"ttft_ms": 150.0, "tpot_ms": 10.0, "output_tokens": 8},
+            pool_size=3,
+            path="/chat",
+        ),
+        Scenario(
+            name="threadpool-queueing",
+            summary=(
+                "A sync endpoint calls the LLM (blocking) on anyio's thread pool, limited to 2 threads:"
+                " requests queue for a worker thread"
+            ),
+            expected_layer="queue",
+            rate_rps=16.0,
+            provider={"ttft_ms": 60.0, "tpot_ms": 5.0, "output_tokens": 8},
+            pool_size=10,
+            threadpool_tokens=2,
+            path="/chat-sync",
+        ),
+        Scenario(
+            name="provider-floor",
+            summary=(
+                "Every LLM call waits a uniform 600 ms for its first token: slow for everyone,"
+                " but no tail - no layer owns p99, the provider floor is a finding"
+            ),
+            expected_layer=None,
+            rate_rps=8.0,
+            provider={"ttft_ms": 600.0, "tpot_ms": 5.0, "output_tokens": 8},
+            pool_size=20,
+            path="/chat-released",
+            expected_finding="provider-floor",
+        ),
+    )
+}
+
+
+def get_scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, SCENARIOS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(
+            f"no demo scenario {name!r}{hint}; known: {', '.join(SCENARIOS)}"
+        ) from None

@@ -1,0 +1,141 @@
+"""The small AI service `latprof demo` runs under `latprof run`: FastAPI, SQLAlchemy, openai.
+
+Configured by environment variables (set by `latprof.demo.run`):
+
+- LATPROF_DEMO_DSN: SQLAlchemy URL (async driver: sqlite+aiosqlite, postgresql+psycopg);
+- LATPROF_DEMO_POOL_SIZE: pool size (max_overflow is always 0);
+- LATPROF_DEMO_PROVIDER_URL: base URL of the demo provider;
+- LATPROF_DEMO_THREADPOOL_TOKENS: worker threads of anyio's default limiter.
+
+Routes: `/chat` holds its connection across the streamed LLM call (the bug);
+`/chat-released` reads, releases the connection, then calls the LLM (the fix);
+`/chat-sync` is a sync endpoint (thread pool) doing the fixed version with blocking clients.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+import openai
+from fastapi import FastAPI
+from openai.types.chat import ChatCompletionMessageParam
+from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+DSN = os.environ.get("LATPROF_DEMO_DSN", "sqlite+aiosqlite:///latprof-demo.db")
+POOL_SIZE = int(os.environ.get("LATPROF_DEMO_POOL_SIZE", "3"))
+PROVIDER_URL = os.environ.get("LATPROF_DEMO_PROVIDER_URL", "http://127.0.0.1:8911/v1")
+THREADPOOL_TOKENS = int(os.environ.get("LATPROF_DEMO_THREADPOOL_TOKENS", "40"))
+MODEL = "latprof-demo-1"
+TABLE = "latprof_demo_messages"
+
+_SELECT = text(
+    f"SELECT id, body FROM {TABLE} WHERE chat_id = :chat_id ORDER BY id DESC LIMIT 5"
+)
+
+
+def sync_dsn(dsn: str) -> str:
+    """The blocking-driver URL of the same database (for the sync endpoint)."""
+    return dsn.replace("sqlite+aiosqlite:", "sqlite:", 1)
+
+
+engine = create_async_engine(DSN, pool_size=POOL_SIZE, max_overflow=0, pool_timeout=60)
+sync_engine = create_engine(
+    sync_dsn(DSN), pool_size=POOL_SIZE, max_overflow=0, pool_timeout=60
+)
+llm = openai.AsyncOpenAI(
+    base_url=PROVIDER_URL, api_key="latprof-demo", max_retries=0, timeout=60
+)
+sync_llm = openai.OpenAI(
+    base_url=PROVIDER_URL, api_key="latprof-demo", max_retries=0, timeout=60
+)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    anyio.to_thread.current_default_thread_limiter().total_tokens = THREADPOOL_TOKENS
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                f"CREATE TABLE IF NOT EXISTS {TABLE} (id INTEGER PRIMARY KEY, chat_id INTEGER, body TEXT)"
+            )
+        )
+        count = (await conn.execute(text(f"SELECT COUNT(*) FROM {TABLE}"))).scalar_one()
+        if not count:
+            rows = [
+                {"id": i, "chat_id": i % 50, "body": f"message {i}"} for i in range(500)
+            ]
+            await conn.execute(
+                text(
+                    f"INSERT INTO {TABLE} (id, chat_id, body) VALUES (:id, :chat_id, :body)"
+                ),
+                rows,
+            )
+    try:
+        yield
+    finally:
+        await llm.close()
+        sync_llm.close()
+        await engine.dispose()
+        sync_engine.dispose()
+
+
+app = FastAPI(lifespan=lifespan)
+
+
+def _messages(rows: Any, chat_id: int) -> list[ChatCompletionMessageParam]:
+    history = " ".join(row.body for row in rows)
+    return [
+        {"role": "system", "content": "You are the latprof demo assistant."},
+        {"role": "user", "content": f"chat {chat_id}: {history}. Answer briefly."},
+    ]
+
+
+async def _stream_answer(messages: list[ChatCompletionMessageParam]) -> str:
+    stream = await llm.chat.completions.create(
+        model=MODEL, messages=messages, stream=True
+    )
+    parts = []
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    return "".join(parts)
+
+
+@app.get("/health")
+async def health() -> dict[str, str]:
+    return {"ok": "yes"}
+
+
+@app.get("/chat")
+async def chat(chat_id: int = 1) -> dict[str, Any]:
+    """The bug: the connection stays checked out (no write transaction) during the LLM call."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(_SELECT, {"chat_id": chat_id})).all()
+        answer = await _stream_answer(_messages(rows, chat_id))
+    return {"chat": chat_id, "answer": answer}
+
+
+@app.get("/chat-released")
+async def chat_released(chat_id: int = 1) -> dict[str, Any]:
+    """The fix: read, give the connection back, then call the LLM."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(_SELECT, {"chat_id": chat_id})).all()
+    answer = await _stream_answer(_messages(rows, chat_id))
+    return {"chat": chat_id, "answer": answer}
+
+
+@app.get("/chat-sync")
+def chat_sync(chat_id: int = 1) -> dict[str, Any]:
+    """A sync endpoint: runs on anyio's thread pool, blocking for the whole LLM call."""
+    with sync_engine.connect() as conn:
+        rows = conn.execute(_SELECT, {"chat_id": chat_id}).all()
+    stream = sync_llm.chat.completions.create(
+        model=MODEL, messages=_messages(rows, chat_id), stream=True
+    )
+    answer = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    return {"chat": chat_id, "answer": answer}
