@@ -8,10 +8,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-import pytest
 
 from latprof.capture.reader import read_captures
 

@@ -9,29 +9,16 @@ import threading
 import types
 
 import pytest
+from recording import recording
 
 from latprof.collectors import runtime
 from latprof.events import QualityRecord, Request, Segment
 
 
-class ListWriter:
-    """Collects emitted events (the real CaptureWriter is tested on its own)."""
-
-    def __init__(self) -> None:
-        self.events: list = []
-
-    def emit(self, event) -> None:
-        self.events.append(event)
-
-
 @pytest.fixture
 def recorded():
-    writer = ListWriter()
-    runtime.start(writer)
-    try:
-        yield writer.events
-    finally:
-        runtime.stop()
+    with recording() as events:
+        yield events
 
 
 def test_nothing_is_recorded_before_start():

@@ -12,11 +12,12 @@ import time
 
 import httpx
 import pytest
+from recording import recording
 import uvloop
 
 from apps.harness import CONFIGS, ROOT, Capture, Pending, Server
 
-from latprof.collectors import asyncio_loop, runtime
+from latprof.collectors import asyncio_loop
 from latprof.collectors.asgi import BLOCKED_BY_OTHERS, HELD_THE_LOOP
 from latprof.collectors.asyncio_loop import BLOCK_THRESHOLD_NS
 from latprof.events import Gauge
@@ -172,22 +173,10 @@ def test_analyze_names_the_event_loop(session):
 # --- the loop monitor in this process, on a real loop -------------------------------------------
 
 
-class ListWriter:
-    def __init__(self) -> None:
-        self.events: list = []
-
-    def emit(self, event) -> None:
-        self.events.append(event)
-
-
 @pytest.fixture
 def recorded():
-    writer = ListWriter()
-    runtime.start(writer)
-    try:
-        yield writer.events
-    finally:
-        runtime.stop()
+    with recording() as events:
+        yield events
 
 
 @pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])

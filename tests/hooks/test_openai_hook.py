@@ -12,6 +12,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+from recording import ListWriter
 
 openai = pytest.importorskip("openai")
 
@@ -28,14 +29,6 @@ MESSAGES = [{"role": "user", "content": "Which layer owns the p99?"}]
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
 # Loose upper bounds: a loaded 2-core machine may be slow, never fast.
 SLACK_MS = 1500
-
-
-class ListWriter:
-    def __init__(self) -> None:
-        self.events: list = []
-
-    def emit(self, event) -> None:
-        self.events.append(event)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from recording import ListWriter
 
 from latprof.capture.reader import read_captures
 from latprof.collectors import runtime
@@ -63,16 +64,6 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from latprof.collectors import sqlalchemy as hook
-
-
-class ListWriter:
-    """Collects emitted events in memory (the real CaptureWriter is tested on its own)."""
-
-    def __init__(self) -> None:
-        self.events: list = []
-
-    def emit(self, event) -> None:
-        self.events.append(event)
 
 
 @pytest.fixture
