@@ -69,19 +69,23 @@ def _format_option(fn: Any) -> Any:
     )(fn)
 
 
+def _warmup_option(fn: Any) -> Any:
+    return click.option(
+        "--skip-warmup",
+        "warmup_s",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_WARMUP_S,
+        show_default=True,
+        metavar="S",
+        help="Leave out the first S seconds of each process's traffic.",
+    )(fn)
+
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_format_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
-@click.option(
-    "--skip-warmup",
-    "warmup_s",
-    type=click.FloatRange(min=0),
-    default=DEFAULT_WARMUP_S,
-    show_default=True,
-    metavar="S",
-    help="Leave out the first S seconds of each process's traffic.",
-)
+@_warmup_option
 def analyze(paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float) -> None:
     """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
 
@@ -122,15 +126,7 @@ def _emit(write: Any, output: Path | None) -> None:
     metavar="NAMES",
     help="Comma-separated hooks to load (asgi, asyncio_loop, openai, sqlalchemy), or all.",
 )
-@click.option(
-    "--skip-warmup",
-    "warmup_s",
-    type=click.FloatRange(min=0),
-    default=DEFAULT_WARMUP_S,
-    show_default=True,
-    metavar="S",
-    help="Leave out the first S seconds of each process's traffic.",
-)
+@_warmup_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(
