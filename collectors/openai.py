@@ -447,8 +447,8 @@ def _watch(stream: Any, call: _Call) -> None:
         stream._iterator = _Chunks(inner, call)
 
 
-class _Chunks:
-    """Stands in for a Stream's generator: yields what it yields, and tells the call."""
+class _ChunkWatcher:
+    """What the sync and async stand-ins share: tell the call each item; end it when dropped."""
 
     __slots__ = ("_inner", "_call")
 
@@ -456,33 +456,15 @@ class _Chunks:
         self._inner = inner
         self._call = call
 
-    def __iter__(self) -> _Chunks:
-        return self
-
-    def __next__(self) -> Any:
-        call = self._call
+    def _seen(self, item: Any) -> Any:
         try:
-            item = self._inner.__next__()
-        except StopIteration:
-            call.finish()
-            raise
-        except BaseException as exc:
-            call.finish(exc)
-            raise
-        try:
-            call.observe(call, item)
+            self._call.observe(self._call, item)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
         return item
 
-    def close(self) -> None:
-        try:
-            self._inner.close()
-        finally:
-            self._call.finish(abandoned=True)
-
-    def __getattr__(self, name: str) -> Any:  # send, throw, gi_frame, ... of the generator
-        if name in _Chunks.__slots__:
+    def __getattr__(self, name: str) -> Any:  # send/asend, throw/athrow, gi_frame, ... of the generator
+        if name in _ChunkWatcher.__slots__:
             raise AttributeError(name)
         return getattr(self._inner, name)
 
@@ -493,33 +475,50 @@ class _Chunks:
             pass
 
 
-class _AsyncChunks:
+class _Chunks(_ChunkWatcher):
+    """Stands in for a Stream's generator: yields what it yields, and tells the call."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> _Chunks:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            item = self._inner.__next__()
+        except StopIteration:
+            self._call.finish()
+            raise
+        except BaseException as exc:
+            self._call.finish(exc)
+            raise
+        return self._seen(item)
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._call.finish(abandoned=True)
+
+
+class _AsyncChunks(_ChunkWatcher):
     """`_Chunks` for an AsyncStream's async generator."""
 
-    __slots__ = ("_inner", "_call")
-
-    def __init__(self, inner: Any, call: _Call) -> None:
-        self._inner = inner
-        self._call = call
+    __slots__ = ()
 
     def __aiter__(self) -> _AsyncChunks:
         return self
 
     async def __anext__(self) -> Any:
-        call = self._call
         try:
             item = await self._inner.__anext__()
         except StopAsyncIteration:
-            call.finish()
+            self._call.finish()
             raise
         except BaseException as exc:
-            call.finish(exc)
+            self._call.finish(exc)
             raise
-        try:
-            call.observe(call, item)
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
-        return item
+        return self._seen(item)
 
     async def aclose(self) -> None:
         try:
@@ -527,22 +526,11 @@ class _AsyncChunks:
         finally:
             self._call.finish(abandoned=True)
 
-    def __getattr__(self, name: str) -> Any:  # asend, athrow, ag_frame, ... of the async generator
-        if name in _AsyncChunks.__slots__:
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
-    def __del__(self) -> None:
-        try:
-            self._call.finish(abandoned=True, collected=True)
-        except Exception:
-            pass
-
 
 def _finish_closed(stream: Any) -> None:
     try:
         chunks = stream.__dict__.get("_iterator")
-        if type(chunks) is _Chunks or type(chunks) is _AsyncChunks:
+        if isinstance(chunks, _ChunkWatcher):
             chunks._call.finish(abandoned=True)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
