@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from apps.harness import CONFIGS, Capture, Pending, Server, get
+from apps.harness import serve_session, CONFIGS, Capture, Pending, Server, get
 
 from latprof.collectors import asgi
 from latprof.collectors.asgi import BEHIND_THE_PROXY, BLOCKED_BY_OTHERS, HELD_THE_LOOP, PRE_HANDLER, THREADPOOL_WAIT
@@ -77,14 +77,7 @@ class Session:
 
 @pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: "+".join(c))
 def session(request, tmp_path_factory):
-    loop, http = request.param
-    server = Server(APP, loop, http, tmp_path_factory.mktemp(f"asgi-{loop}")).start()
-    try:
-        s = Session(server)
-        s.run()
-        yield s
-    finally:
-        server.kill()
+    yield from serve_session(request, tmp_path_factory, APP, "asgi", Session)
 
 
 def test_routes_are_templates_and_carry_status_codes(session):

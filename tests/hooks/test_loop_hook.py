@@ -15,7 +15,7 @@ import pytest
 from recording import recording
 import uvloop
 
-from apps.harness import CONFIGS, ROOT, Capture, Pending, Server
+from apps.harness import serve_session, CONFIGS, ROOT, Capture, Pending, Server
 
 from latprof.collectors import asyncio_loop
 from latprof.collectors.asgi import BLOCKED_BY_OTHERS, HELD_THE_LOOP
@@ -102,14 +102,7 @@ class Session:
 
 @pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: "+".join(c))
 def session(request, tmp_path_factory):
-    loop, http = request.param
-    server = Server(APP, loop, http, tmp_path_factory.mktemp(f"loop-{loop}")).start()
-    try:
-        s = Session(server)
-        s.run()
-        yield s
-    finally:
-        server.kill()
+    yield from serve_session(request, tmp_path_factory, APP, "loop", Session)
 
 
 def test_requests_arriving_during_a_block_start_at_arrival_and_wait_for_the_loop(session):

@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 import psutil
 
@@ -198,3 +198,16 @@ class Capture:
         best = min(candidates, key=lambda r: abs(r.start_ns - sent_ns))
         assert abs(best.start_ns - sent_ns) <= tolerance_ms * 1e6, (route, (best.start_ns - sent_ns) / 1e6)
         return best
+
+
+def serve_session(request: Any, tmp_path_factory: Any, app: str, name: str, session_class: Any) -> Iterator[Any]:
+    """Body of a module-scoped fixture parametrized over CONFIGS: start `app` under `latprof run`,
+    let `session_class(server).run()` drive it, yield the session, and kill the server after."""
+    loop, http = request.param
+    server = Server(app, loop, http, tmp_path_factory.mktemp(f"{name}-{loop}")).start()
+    try:
+        session = session_class(server)
+        session.run()
+        yield session
+    finally:
+        server.kill()
