@@ -64,7 +64,7 @@ def main() -> None:
         if i % 2:
             order.reverse()
         result = {name: timed(cmd) for name, cmd in order}
-        (floor_s, floor_rss), (analyze_s, analyze_rss) = result["floor"], result["analyze"]
+        (floor_s, _floor_rss), (analyze_s, analyze_rss) = result["floor"], result["analyze"]
         rows.append((floor_s, analyze_s, analyze_s / floor_s, analyze_rss))
         print(
             f"round {i + 1}: orjson floor {floor_s:.2f} s | latprof analyze {analyze_s:.2f} s"

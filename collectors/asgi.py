@@ -28,11 +28,12 @@ One request root per HTTP request, backdated to when its bytes reached the serve
   held the loop, a segment without a layer (`held the event loop`, owning no time) names the
   culprit. Waits of a millisecond or more for a worker thread of anyio's thread pool (sync
   endpoints and dependencies) are `queue` segments with `latprof.queue.source = "threadpool"`.
-- **cpu_ns** is the thread CPU time (`time.thread_time_ns`) of every step of the request's
-  coroutine and of the tasks it spawned on the loop, plus that of its functions run in anyio's
-  thread pool, until the application sent the response's last body message. Not counted:
-  uvicorn's own parsing and writing outside those steps, threads the service starts itself,
-  background tasks after the response.
+- **cpu_ns** is the CPU time of every step of the request's coroutine and of the tasks it
+  spawned on the loop (as `asyncio_loop` measures it: a step under 1 ms counts its wall-clock
+  time, a longer one reads the thread's CPU clock), plus the thread CPU time of its functions
+  run in anyio's thread pool, until the end of the step in which the application sent the
+  response's last body message. Not counted: uvicorn's own parsing and writing outside those
+  steps, threads the service starts itself, background tasks after the response.
 - **Route** is the method and Starlette's matched route template (`POST /chat/{id}`, mount
   prefixes included), read after routing; never the raw path. `<unmatched>` when Starlette's
   router matched nothing, `<no route>` for applications without Starlette's router.
@@ -82,6 +83,8 @@ _LAST_DATA_RECV_OFFSET = 52  # struct tcp_info: 8 bytes of u8 fields, then u32 r
 _HEADER = b"x-request-start"
 _PATCHED = "_latprof_patched"
 _CYCLE_ATTR = "_latprof_request"
+_SOCKET_ATTR = "_latprof_socket"
+_UNSET: Any = object()
 _PENDING_ROUTE = "<pending>"
 
 _time_ns = time.time_ns
@@ -152,15 +155,21 @@ def _patch_uvicorn(module: Any) -> None:
 
     def send(self: Any, message: Any) -> Any:
         request = self.__dict__.get(_CYCLE_ATTR)
-        if request is None or request.finished:
+        if request is None or request.done:
             return original_send(self, message)
         flow = getattr(self, "flow", None)
         if flow is not None and flow.write_paused:
             return _send_when_writable(original_send, self, message, request)
         # uvicorn writes to the transport as soon as the coroutine runs (awaited at once):
         # noting the message now, without a coroutine of our own, costs the service less.
+        # `_sent`, inline: this runs for every message of every response.
         try:
-            _sent(request, message)
+            kind = message["type"]
+            if kind == "http.response.start":
+                request.status = message.get("status")
+            elif kind == "http.response.body" and not message.get("more_body", False):
+                request.response_end_ns = _time_ns()
+                request.done = True
         except Exception as exc:
             runtime.count_error(HOOK, exc)
         return original_send(self, message)
@@ -179,7 +188,7 @@ def _patch_uvicorn(module: Any) -> None:
 async def _send_when_writable(original_send: Callable[..., Any], cycle: Any, message: Any, request: _Request) -> None:
     """The transport's buffer is full: the message goes out once it drained, then note it."""
     await original_send(cycle, message)
-    if not request.finished:
+    if not request.done:
         try:
             _sent(request, message)
         except Exception as exc:
@@ -225,16 +234,15 @@ class _Request(asyncio_loop.Owner):
         "state",
         "status",
         "response_end_ns",
-        "in_root_step",
-        "step_cpu0",
-        "step_wall0",
         "finished",
     )
 
     def __init__(
         self, scope: Any, monitor: asyncio_loop.LoopMonitor, read_ns: int, arrival_ns: int | None, header_ns: int | None
     ) -> None:
-        super().__init__()
+        self.key = asyncio_loop.new_key()  # Owner's fields, without a call to its __init__
+        self.cpu_ns = 0
+        self.done = False
         self.scope = scope
         self.monitor = monitor
         self.read_ns = read_ns  # when uvicorn handed the parsed request over
@@ -245,9 +253,6 @@ class _Request(asyncio_loop.Owner):
         self.state: runtime.RequestState | None = None
         self.status: int | None = None
         self.response_end_ns = 0
-        self.in_root_step = False  # the request's own task is running a step right now
-        self.step_cpu0 = 0
-        self.step_wall0 = 0
         self.finished = False  # the root was emitted (or given up on)
 
 
@@ -257,7 +262,7 @@ def _track(cycle: Any, coro: Any) -> Any:
     if monitor is None:
         return coro
     read_ns = _time_ns()
-    arrival_ns = _socket_arrival(cycle.transport, read_ns)
+    arrival_ns = _socket_arrival(cycle, read_ns)
     reference_ns = arrival_ns if arrival_ns is not None else read_ns
     scope = cycle.scope
     header_ns = _header_start(scope.get("headers"), reference_ns)
@@ -273,7 +278,26 @@ class _RequestCoroutine(asyncio_loop.TimedCoroutine):
     __slots__ = ()
 
     def send(self, value: Any) -> Any:
-        return self._step(self._coro.send, value)
+        # `_step(self._coro.send, value)` written out: every step of every request runs this,
+        # and the StopIteration that ends the request passes one Python frame fewer.
+        request: _Request = self._owner
+        if request.finished:
+            return self._coro.send(value)
+        if request.token is None:
+            _begin(request)
+        if request.done:
+            return self._step(self._coro.send, value)
+        wall0 = _time_ns()
+        try:
+            result = self._coro.send(value)
+        except BaseException:  # StopIteration included: the coroutine is over
+            self._account(request, wall0)
+            _finish(request)
+            raise
+        self._account(request, wall0)
+        if request.done:  # the response's last body message went out during this step
+            _finish(request)
+        return result
 
     def throw(self, *args: Any) -> Any:
         return self._step(self._coro.throw, *args)
@@ -290,20 +314,16 @@ class _RequestCoroutine(asyncio_loop.TimedCoroutine):
             except BaseException:
                 _finish(request)
                 raise
-        cpu0 = _thread_time_ns()
         wall0 = _time_ns()
-        request.step_cpu0 = cpu0
-        request.step_wall0 = wall0
-        request.in_root_step = True
         try:
             result = method(*args)
         except BaseException:  # StopIteration included: the coroutine is over
-            request.in_root_step = False
-            self._account(request, cpu0, wall0)
+            self._account(request, wall0)
             _finish(request)
             raise
-        request.in_root_step = False
-        self._account(request, cpu0, wall0)
+        self._account(request, wall0)
+        if request.done:  # the response's last body message went out during this step
+            _finish(request)
         return result
 
 
@@ -315,8 +335,7 @@ def _begin(request: _Request) -> None:
         arrival_ns = request.arrival_ns if request.arrival_ns is not None else request.read_ns
         start_ns = request.header_ns if request.header_ns is not None else arrival_ns
         asyncio_loop.adopt(request)
-        request.token = runtime.begin_request(_PENDING_ROUTE, min(start_ns, handler_ns))
-        request.state = runtime.current_request()
+        request.token, request.state = runtime.open_request(_PENDING_ROUTE, min(start_ns, handler_ns))
     except Exception as exc:
         request.finished = request.done = True
         request.monitor.request_finished()
@@ -329,15 +348,10 @@ def _sent(request: _Request, message: Any) -> None:
     if kind == "http.response.start":
         request.status = message.get("status")
     elif kind == "http.response.body" and not message.get("more_body", False) and not request.done:
+        # The request's own task closes it, in its own context, when its current step (or,
+        # for a response streamed from a task it spawned, its next one) ends.
         request.response_end_ns = _time_ns()
-        if request.in_root_step:
-            # Sent by the request's own task: close the request here, in that task's context,
-            # with the CPU of the step still running.
-            request.cpu_ns += _thread_time_ns() - request.step_cpu0
-            _finish(request)
-        else:
-            # Sent by a task it spawned (a streamed response): the own task closes it when done.
-            request.done = True
+        request.done = True
 
 
 def _finish(request: _Request) -> None:
@@ -360,8 +374,6 @@ def _finish(request: _Request) -> None:
             _segment(state, BEHIND_THE_PROXY, QUEUE, request.header_ns, arrival_ns, {QUEUE_SOURCE: "header"})
         if request.handler_ns - arrival_ns >= MIN_PRE_HANDLER_NS:
             _segment(state, PRE_HANDLER, EVENT_LOOP, arrival_ns, request.handler_ns)
-        if request.in_root_step:  # the step running now is the request's own: tell the monitor before it looks
-            request.monitor.step(request.step_wall0, _time_ns(), request.key)
         others, own = request.monitor.blocked(request.key, request.handler_ns, end_ns)
         for lo, hi in others:
             _segment(state, BLOCKED_BY_OTHERS, EVENT_LOOP, lo, hi)
@@ -416,15 +428,34 @@ def _thread_call_done(request: _Request, called_ns: int, call: _ThreadCall) -> N
 # --- arrival -----------------------------------------------------------------------------------
 
 
-def _socket_arrival(transport: Any, now_ns: int) -> int | None:
-    """When the connection last received data (wall-clock ns), from TCP_INFO; None if unknown."""
+def _connection_socket(cycle: Any) -> Any:
+    """The TCP socket of the cycle's connection, or None (unix socket, not Linux): once per connection.
+
+    Kept on the connection's flow control object, which uvicorn makes once per connection:
+    uvloop builds a new socket object on every `get_extra_info("socket")`.
+    """
+    store = getattr(getattr(cycle, "flow", None), "__dict__", None)
+    cached = store.get(_SOCKET_ATTR, _UNSET) if store is not None else _UNSET
+    if cached is not _UNSET:
+        return cached
+    transport = cycle.transport
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None or _TCP_INFO is None or sock.family not in _TCP_FAMILIES:
+        sock = None
         _note_once(
             NOTE_WARNING,
             "asgi: no TCP_INFO on the server's socket (unix socket or not Linux): requests start when the"
             " server read them, time their bytes waited in the socket before that is not seen",
         )
+    if store is not None:
+        store[_SOCKET_ATTR] = sock
+    return sock
+
+
+def _socket_arrival(cycle: Any, now_ns: int) -> int | None:
+    """When the connection last received data (wall-clock ns), from TCP_INFO; None if unknown."""
+    sock = _connection_socket(cycle)
+    if sock is None:
         return None
     try:
         raw = sock.getsockopt(_IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)

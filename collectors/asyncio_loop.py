@@ -12,11 +12,18 @@ the coroutines a request runs.
 - **Steps.** An inbound hook (the ASGI hook) runs each request's coroutine inside a
   `TimedCoroutine`, and the loop's task factory wraps the tasks that coroutine spawns (task
   groups, `gather`, Starlette's `BaseHTTPMiddleware`) the same way. Every step (one `send`
-  into the coroutine, i.e. one turn of its task on the loop) is timed in wall-clock and
-  thread-CPU time: the CPU is the request's own `cpu_ns`; a step that held the loop for
-  `BLOCK_THRESHOLD_NS` or more is a blocked interval owned by that request, and shorter
-  steps of at least `STEP_MIN_NS` are remembered for a while so that a late probe tick can
-  say whose work it waited behind.
+  into the coroutine, i.e. one turn of its task on the loop) is timed in wall-clock time; a
+  step that held the loop for `BLOCK_THRESHOLD_NS` or more is a blocked interval owned by
+  that request, and shorter steps of at least `STEP_MIN_NS` are remembered for a while so
+  that a late probe tick can say whose work it waited behind.
+- **CPU.** The request's own `cpu_ns` is the CPU time of its steps. Reading the thread's CPU
+  clock is a system call that costs a busy server more (1-5 us) than most steps take, so a
+  step shorter than `STEP_MIN_NS` counts its wall-clock time (a step that short hides no
+  blocking call worth telling apart), and only a longer step reads the clock, once, at its
+  end: its CPU is what the thread used since the last reading (the probe reads it on every
+  tick, and every long step), less the short steps counted since, and at most its wall-clock
+  time. A long step that blocked in a system call (a sync client inside `async def`) so
+  shows as the little CPU it used, within about one probe interval.
 - **Attribution** (`LoopMonitor.blocked`): a request's time that overlaps a blocked interval
   it did not cause is time it was ready to run but waited for the loop, `event_loop`; its
   own steps are its own (`app` as far as its CPU time goes).
@@ -88,12 +95,13 @@ class Owner:
     __slots__ = ("key", "cpu_ns", "done")
 
     def __init__(self) -> None:
-        self.key = next(_keys)
+        self.key = new_key()
         self.cpu_ns = 0
         self.done = False
 
 
 _keys = itertools.count(1)
+new_key = _keys.__next__
 _owner: contextvars.ContextVar[Owner | None] = contextvars.ContextVar("latprof_loop_owner", default=None)
 
 
@@ -102,13 +110,10 @@ def current_owner() -> Owner | None:
     return _owner.get()
 
 
-def adopt(owner: Owner) -> None:
-    """Make `owner` the owner of the current context (a request's own task, on its first step).
-
-    Tasks created from this context afterwards inherit it, and the task factory times them
-    for `owner` too.
-    """
-    _owner.set(owner)
+#: adopt(owner): make `owner` the owner of the current context (a request's own task, on its
+#: first step). Tasks created from this context afterwards inherit it, and the task factory
+#: times them for `owner` too. (The context variable's own `set`: a call less per request.)
+adopt: Callable[[Owner], Any] = _owner.set
 
 
 class LoopMonitor:
@@ -127,6 +132,10 @@ class LoopMonitor:
         self._interval_s = IDLE_PROBE_INTERVAL_S
         self.in_flight = 0  # requests begun and not finished on this loop
         self.task_factory: Callable[..., Any] | None = None
+        # The loop thread's CPU clock at its last reading, and the wall-clock time of steps
+        # counted as CPU since (see `step_cpu`).
+        self.cpu_mark = 0
+        self.short_ns = 0
 
     # --- the probe -------------------------------------------------------------------------
 
@@ -139,6 +148,8 @@ class LoopMonitor:
             return
         self._running = True
         self._window_start_ns = _time_ns()
+        self.cpu_mark = _thread_time_ns()
+        self.short_ns = 0
         self._schedule(loop)
 
     def _schedule(self, loop: Any) -> None:
@@ -165,6 +176,8 @@ class LoopMonitor:
 
     def _tick(self) -> None:
         try:
+            self.cpu_mark = _thread_time_ns()
+            self.short_ns = 0
             late = _monotonic_ns() - self._due_ns
             now = _time_ns()
             if late > MAX_PLAUSIBLE_LAG_NS:
@@ -240,6 +253,24 @@ class LoopMonitor:
 
     # --- steps and attribution ---------------------------------------------------------------
 
+    def step_cpu(self, start: int, end: int) -> int:
+        """The CPU time of a step of the loop's thread that ran from `start` to `end` (wall-clock ns).
+
+        Short steps count their wall-clock time; a long one reads the thread's CPU clock (see
+        the module's notes). Call once per step, on the loop's thread, when it ended.
+        """
+        wall = end - start
+        if wall < STEP_MIN_NS:
+            if wall <= 0:
+                return 0
+            self.short_ns += wall
+            return wall
+        now = _thread_time_ns()
+        used = now - self.cpu_mark - self.short_ns
+        self.cpu_mark = now
+        self.short_ns = 0
+        return used if 0 < used < wall else (0 if used <= 0 else wall)
+
     def step(self, start: int, end: int, key: int) -> None:
         """One step of `key`'s coroutine held the loop from `start` to `end` (wall-clock ns).
 
@@ -259,9 +290,12 @@ class LoopMonitor:
         is in the order intervals were noted, and an interval is noted once it has ended.
         """
         self.catch_up()
+        blocks = self.blocks
+        if not blocks or blocks[-1].noted_ns < start:  # nothing blocked the loop since: the usual case
+            return [], []
         others: list[tuple[int, int]] = []
         own: list[tuple[int, int]] = []
-        for block in reversed(self.blocks):
+        for block in reversed(blocks):
             if block.noted_ns < start:
                 break
             lo = block.start_ns if block.start_ns > start else start
@@ -308,30 +342,34 @@ class TimedCoroutine(Coroutine):  # type: ignore[type-arg]
         owner = self._owner
         if owner.done:
             return self._coro.send(value)
-        cpu0 = _thread_time_ns()
         wall0 = _time_ns()
         try:
             return self._coro.send(value)
         finally:
-            self._account(owner, cpu0, wall0)
+            self._account(owner, wall0)
 
     def throw(self, *args: Any) -> Any:
         owner = self._owner
         if owner.done:
             return self._coro.throw(*args)
-        cpu0 = _thread_time_ns()
         wall0 = _time_ns()
         try:
             return self._coro.throw(*args)
         finally:
-            self._account(owner, cpu0, wall0)
+            self._account(owner, wall0)
 
-    def _account(self, owner: Owner, cpu0: int, wall0: int) -> None:
+    def _account(self, owner: Owner, wall0: int) -> None:
+        """A step of `owner` that began at `wall0` just ended: its CPU, and the loop time it held."""
         try:
-            owner.cpu_ns += _thread_time_ns() - cpu0
             wall1 = _time_ns()
-            if wall1 - wall0 >= STEP_MIN_NS:
-                self._monitor.step(wall0, wall1, owner.key)
+            wall = wall1 - wall0
+            monitor = self._monitor
+            if 0 <= wall < STEP_MIN_NS:  # `step_cpu`'s common case, inline: it runs on every step
+                owner.cpu_ns += wall
+                monitor.short_ns += wall
+            else:
+                owner.cpu_ns += monitor.step_cpu(wall0, wall1)
+                monitor.step(wall0, wall1, owner.key)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
 
@@ -397,8 +435,10 @@ def _install_task_factory(loop: Any, mon: LoopMonitor) -> None:
     previous = loop.get_task_factory()
     task_class = asyncio.Task
 
+    owner_of_context = _owner.get
+
     def latprof_task_factory(loop: Any, coro: Any, **kwargs: Any) -> Any:
-        owner = _owner.get()
+        owner = owner_of_context()
         if owner is not None and not owner.done and type(coro) is _CoroutineType:
             coro = TimedCoroutine(coro, owner, mon)
         if previous is not None:

@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 import types
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from latprof.events import NO_ATTRS, Event, Gauge, QualityRecord, Request, Segment
@@ -39,17 +38,31 @@ ENV_HOOKS = "LATPROF_HOOKS"  # comma-separated hook names, or "all"
 ERROR_REPORT_INTERVAL_S = 1.0
 
 
-@dataclass
 class RequestState:
     """An open request: what its root will say when `end_request` emits it."""
 
-    request_id: str
-    route: str
-    start_ns: int
-    pid: int
-    attrs: dict[str, Any] = field(default_factory=dict)
-    cpu_ns: int | None = None
-    status_code: int | None = None
+    __slots__ = ("request_id", "route", "start_ns", "pid", "attrs", "cpu_ns", "status_code")
+
+    def __init__(
+        self,
+        request_id: str,
+        route: str,
+        start_ns: int,
+        pid: int,
+        attrs: dict[str, Any] | None = None,
+        cpu_ns: int | None = None,
+        status_code: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.route = route
+        self.start_ns = start_ns
+        self.pid = pid
+        self.attrs: dict[str, Any] = {} if attrs is None else attrs
+        self.cpu_ns = cpu_ns
+        self.status_code = status_code
+
+    def __repr__(self) -> str:
+        return f"RequestState({self.request_id!r}, {self.route!r}, start_ns={self.start_ns})"
 
 
 _request: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar("latprof_request", default=None)
@@ -113,6 +126,7 @@ def new_id() -> str:
 
 
 now_ns = time.time_ns  # wall clock, nanoseconds: what every event stores
+_new_tuple = tuple.__new__
 
 
 def pid() -> int:
@@ -128,8 +142,15 @@ def current_request() -> RequestState | None:
 
 def begin_request(route: str, start_ns: int, attrs: Mapping[str, Any] | None = None) -> contextvars.Token[RequestState | None]:
     """Open a request in the current context; returns the token `end_request` needs."""
-    state = RequestState(new_id(), route, start_ns, _pid, dict(attrs or {}))
-    return _request.set(state)
+    return open_request(route, start_ns, attrs)[0]
+
+
+def open_request(
+    route: str, start_ns: int, attrs: Mapping[str, Any] | None = None
+) -> tuple[contextvars.Token[RequestState | None], RequestState]:
+    """`begin_request`, also returning the request's state (what `current_request()` now returns)."""
+    state = RequestState(f"{_id_prefix}{next(_ids):x}", route, start_ns, _pid, dict(attrs) if attrs else {})
+    return _request.set(state), state
 
 
 def end_request(token: contextvars.Token[RequestState | None], end_ns: int | None = None) -> None:
@@ -141,18 +162,23 @@ def end_request(token: contextvars.Token[RequestState | None], end_ns: int | Non
         pass
     if state is None:
         return
-    emit(
-        Request(
-            state.request_id,
-            state.route,
-            state.start_ns,
-            now_ns() if end_ns is None else end_ns,
-            state.pid,
-            state.cpu_ns,
-            state.status_code,
-            state.attrs or NO_ATTRS,
+    writer = _writer
+    if writer is not None:  # `emit(Request(...))`, without NamedTuple's Python-level __new__: once per request
+        writer.emit(
+            _new_tuple(
+                Request,
+                (
+                    state.request_id,
+                    state.route,
+                    state.start_ns,
+                    now_ns() if end_ns is None else end_ns,
+                    state.pid,
+                    state.cpu_ns,
+                    state.status_code,
+                    state.attrs or NO_ATTRS,
+                ),
+            )
         )
-    )
 
 
 #: `record(..., parent_id=ROOT)`: hang the segment off the request root, whatever is open.

@@ -151,6 +151,8 @@ def test_cpu_time_is_the_requests_own(session):
         assert r.cpu_ns is not None and 50e6 <= r.cpu_ns <= r.duration_ns * 1.05, (r.route, r.cpu_ns, r.duration_ns)
     for r in cap.routes("GET /sync"):  # sleeping in a thread is no CPU
         assert r.cpu_ns is not None and r.cpu_ns < 50e6
+    (block,) = cap.routes("GET /block")  # nor is a blocking sleep on the loop (one 100 ms step)
+    assert block.cpu_ns is not None and block.cpu_ns < 30e6 and block.end_ns - block.start_ns >= 100e6
 
 
 def test_on_a_unix_socket_requests_start_when_read_and_a_warning_says_so_once(tmp_path):
