@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -75,6 +76,9 @@ THREADPOOL_WAIT = "threadpool wait"
 #: A shorter time from arrival to handler gets no segment: it is below TCP_INFO's resolution
 #: (the kernel's tick, 1-10 ms), and one event less per request halves what a healthy request costs.
 MIN_PRE_HANDLER_NS = 1_000_000
+#: At most this many `event_loop` waits are nested under a request's segments (one per segment
+#: that was open during a block); the rest of its waits hang off the root.
+MAX_NESTED_WAITS = 64
 #: An arrival time further back than this (from TCP_INFO or X-Request-Start) is not believed.
 MAX_QUEUE_NS = 600 * 1_000_000_000
 
@@ -375,8 +379,8 @@ def _finish(request: _Request) -> None:
         if request.handler_ns - arrival_ns >= MIN_PRE_HANDLER_NS:
             _segment(state, PRE_HANDLER, EVENT_LOOP, arrival_ns, request.handler_ns)
         others, own = request.monitor.blocked(request.key, request.handler_ns, end_ns)
-        for lo, hi in others:
-            _segment(state, BLOCKED_BY_OTHERS, EVENT_LOOP, lo, hi)
+        if others:
+            _waited_for_the_loop(state, others)
         for lo, hi in own:  # no layer, it owns no time: says which request held the loop, and how long
             _segment(state, HELD_THE_LOOP, None, lo, hi)
         runtime.end_request(request.token, end_ns)
@@ -384,6 +388,50 @@ def _finish(request: _Request) -> None:
         runtime.count_error(HOOK, exc)
     finally:
         request.scope = request.state = request.token = None  # the cycle outlives the request on a keep-alive connection
+
+
+def _waited_for_the_loop(state: runtime.RequestState, blocks: list[tuple[int, int]]) -> None:
+    """Record the request's time in `blocks` (the loop blocked by other work) as `event_loop`.
+
+    Where a segment of the request that was awaited on the loop (its thread's) was open, the
+    request was waiting on the loop there too, whatever it awaited (the provider, a query, a
+    pool): the wait becomes a child of each such innermost segment, so that it owns that
+    time (report-v1: the innermost segment owns the time). Where a segment of another thread
+    was running (`asyncio.to_thread`, the thread pool), the request was not waiting for the
+    loop. Where no segment was open, the wait hangs off the root.
+    """
+    spans = runtime.spans_of(state)
+    loop_thread = threading.get_ident()
+    parents = {parent for _, parent, _, _, _ in spans if parent is not None}
+    nested = 0
+    for lo, hi in blocks:
+        covered: list[tuple[int, int]] = []
+        for sid, _, start, end, thread in spans:
+            if end <= lo or start >= hi:
+                continue
+            a, b = (start if start > lo else lo), (end if end < hi else hi)
+            covered.append((a, b))
+            if thread == loop_thread and sid not in parents and nested < MAX_NESTED_WAITS:
+                runtime.record(BLOCKED_BY_OTHERS, EVENT_LOOP, a, b, parent_id=sid, state=state)
+                nested += 1
+        for a, b in _uncovered(lo, hi, covered):
+            _segment(state, BLOCKED_BY_OTHERS, EVENT_LOOP, a, b)
+
+
+def _uncovered(lo: int, hi: int, covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of [lo, hi] outside every interval of `covered`."""
+    if not covered:
+        return [(lo, hi)]
+    gaps = []
+    cursor = lo
+    for a, b in sorted(covered):
+        if a > cursor:
+            gaps.append((cursor, a))
+        if b > cursor:
+            cursor = b
+    if cursor < hi:
+        gaps.append((cursor, hi))
+    return gaps
 
 
 def _segment(state: runtime.RequestState, name: str, layer: str | None, start_ns: int, end_ns: int, attrs: Any = None) -> None:

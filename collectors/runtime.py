@@ -41,7 +41,7 @@ ERROR_REPORT_INTERVAL_S = 1.0
 class RequestState:
     """An open request: what its root will say when `end_request` emits it."""
 
-    __slots__ = ("request_id", "route", "start_ns", "pid", "attrs", "cpu_ns", "status_code")
+    __slots__ = ("request_id", "route", "start_ns", "pid", "attrs", "cpu_ns", "status_code", "spans")
 
     def __init__(
         self,
@@ -60,6 +60,9 @@ class RequestState:
         self.attrs: dict[str, Any] = {} if attrs is None else attrs
         self.cpu_ns = cpu_ns
         self.status_code = status_code
+        #: The request's segments so far: (segment_id, parent_id, start_ns, end_ns, thread id),
+        #: the first MAX_SPANS_KEPT of them; see `spans_of`.
+        self.spans: list[tuple[str, str | None, int, int, int]] | None = None
 
     def __repr__(self) -> str:
         return f"RequestState({self.request_id!r}, {self.route!r}, start_ns={self.start_ns})"
@@ -183,6 +186,19 @@ def end_request(token: contextvars.Token[RequestState | None], end_ns: int | Non
 
 #: `record(..., parent_id=ROOT)`: hang the segment off the request root, whatever is open.
 ROOT: Any = object()
+#: How many of its segments a request remembers for `spans_of` (bounded memory per request).
+MAX_SPANS_KEPT = 256
+_get_ident = threading.get_ident
+
+
+def spans_of(state: RequestState) -> list[tuple[str, str | None, int, int, int]]:
+    """The segments recorded for the request so far, as (segment_id, parent_id, start_ns, end_ns, thread id).
+
+    An inbound hook closing a request uses them to nest a wait it found late (the event loop
+    blocked by other work) under the segments that were waiting at the time. Only the first
+    `MAX_SPANS_KEPT` segments are kept.
+    """
+    return list(state.spans or ())
 
 
 def current_parent() -> str | None:
@@ -226,6 +242,11 @@ def record(
         parent_id = None
     elif parent_id is None:
         parent_id = _parent.get()
+    spans = state.spans
+    if spans is None:
+        state.spans = [(sid, parent_id, start_ns, end_ns, _get_ident())]
+    elif len(spans) < MAX_SPANS_KEPT:
+        spans.append((sid, parent_id, start_ns, end_ns, _get_ident()))
     emit(
         Segment(
             state.request_id,
