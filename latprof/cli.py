@@ -180,7 +180,10 @@ def run(
     default="pool-held-across-llm",
     show_default=True,
     metavar="NAME",
-    help="The fault to show: pool-held-across-llm, threadpool-queueing or provider-floor.",
+    help=(
+        "The fault to show: pool-held-across-llm, threadpool-queueing, provider-floor, provider-spikes,"
+        " long-outputs, blocking-call, or healthy (no fault)."
+    ),
 )
 @click.option("--dsn", metavar="URL", help="PostgreSQL URL (postgresql://user@host:5432/db) instead of a temporary SQLite file.")
 @click.option(

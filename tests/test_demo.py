@@ -1,41 +1,18 @@
-"""`latprof demo` end to end: real provider, real uvicorn under `latprof run`, open-loop load."""
+"""`latprof demo`'s parts that need no service: DSNs, scenario names, load mixes, long answers.
+
+The scenarios themselves run end to end in tests/hooks/test_verdicts_e2e.py.
+"""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
+import openai
 import pytest
 
+from latprof.demo.load import pick_path
+from latprof.demo.provider import Provider, ProviderConfig, _ProviderServer
 from latprof.demo.run import normalize_dsn, run_demo
 from latprof.demo.scenarios import SCENARIOS, get_scenario
 from latprof.errors import ConfigError
-
-PG_DSN = os.environ.get("LATPROF_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-DEMO_SECONDS = float(os.environ.get("LATPROF_TEST_DEMO_SECONDS", "10"))
-
-
-def _pg_unreachable() -> str | None:
-    """Why PostgreSQL at PG_DSN cannot be used, or None when it can."""
-    try:
-        import psycopg
-    except ImportError as exc:
-        return f"psycopg is not installed: {exc}"
-    try:
-        with psycopg.connect(PG_DSN, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except Exception as exc:  # noqa: BLE001 - any failure means: not usable here
-        return f"PostgreSQL at {PG_DSN} is unreachable: {type(exc).__name__}: {str(exc).strip()[:200]}"
-    return None
-
-
-def _require_pg() -> None:
-    reason = _pg_unreachable()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (CI=true: PostgreSQL is required)")
-    pytest.skip(reason)
 
 
 def test_normalize_dsn() -> None:
@@ -55,56 +32,70 @@ def test_unknown_scenario_suggests() -> None:
     assert "pool-held-across-llm" in SCENARIOS
 
 
-def _check_pool_verdict(tmp_path: Path, dsn: str | None) -> None:
-    capture = tmp_path / "demo.jsonl"
-    result = run_demo(
-        "pool-held-across-llm",
-        dsn=dsn,
-        capture=capture,
-        duration_s=DEMO_SECONDS,
-        progress=None,
-    )
-    report = result.report
-    assert result.capture == capture.resolve() and capture.exists()
-    assert result.load.errors == 0, result.load.error_samples
-    assert report.verdict.layer == "db.pool", report.verdict
-    assert report.verdict.rule == "db-pool-exhaustion"
-    (finding,) = [f for f in report.findings if f.rule == "db-pool-exhaustion"]
-    assert finding.evidence["held_across_llm_share"] >= 0.9
-    assert finding.evidence["pool_max"] == 3
+def test_every_scenario_has_a_valid_provider_and_load_mix() -> None:
+    for scenario in SCENARIOS.values():
+        ProviderConfig(**scenario.provider)
+        assert sum(share for _, share in scenario.mix) < 1, scenario.name
 
 
-@pytest.mark.slow
-def test_demo_pool_held_across_llm_sqlite(tmp_path: Path) -> None:
-    _check_pool_verdict(tmp_path, None)
+@pytest.mark.parametrize("option", [{"http": "zttp"}, {"loop": "trio"}])
+def test_run_demo_refuses_an_unknown_server_option(option: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="choose one of"):
+        run_demo("healthy", progress=None, **option)
 
 
-@pytest.mark.slow
-def test_demo_pool_held_across_llm_postgresql(tmp_path: Path) -> None:
-    _require_pg()
-    _check_pool_verdict(tmp_path, PG_DSN)
+def test_pick_path_sends_each_share_of_draws_to_its_path() -> None:
+    mix = [("/export", 0.03), ("/admin", 0.02)]
+    assert pick_path("/chat", mix, 0.0) == "/export"
+    assert pick_path("/chat", mix, 0.0299) == "/export"
+    assert pick_path("/chat", mix, 0.03) == "/admin"
+    assert pick_path("/chat", mix, 0.05) == "/chat"
+    assert pick_path("/chat", (), 0.0) == "/chat"
 
 
-@pytest.mark.slow
-def test_demo_threadpool_queueing(tmp_path: Path) -> None:
-    result = run_demo(
-        "threadpool-queueing",
-        capture=tmp_path / "demo.jsonl",
-        duration_s=DEMO_SECONDS,
-        progress=None,
-    )
-    assert result.load.errors == 0, result.load.error_samples
-    assert result.report.verdict.layer == "queue", result.report.verdict
+def _answer_lengths(provider: Provider, calls: int, **request: object) -> list[int]:
+    client = openai.OpenAI(base_url=provider.url, api_key="unused", max_retries=0)
+    try:
+        lengths = []
+        for _ in range(calls):
+            completion = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], **request
+            )
+            assert completion.usage is not None
+            lengths.append(completion.usage.completion_tokens)
+        return lengths
+    finally:
+        client.close()
 
 
-@pytest.mark.slow
-def test_demo_provider_floor(tmp_path: Path) -> None:
-    result = run_demo(
-        "provider-floor",
-        capture=tmp_path / "demo.jsonl",
-        duration_s=DEMO_SECONDS,
-        progress=None,
-    )
-    assert result.load.errors == 0, result.load.error_samples
-    assert result.report.verdict.layer is None, result.report.verdict
-    assert "provider-floor" in {f.rule for f in result.report.findings}
+def test_long_outputs_are_a_share_of_answers_deterministic_for_a_seed_and_capped() -> None:
+    settings = {"ttft_ms": 0.0, "tpot_ms": 0.0, "output_tokens": 4, "long_output_tokens": 60}
+    runs = []
+    for _ in range(2):
+        with Provider(long_output_probability=0.25, seed=3, **settings) as provider:
+            runs.append(_answer_lengths(provider, 40))
+    assert runs[0] == runs[1]  # the same calls are long for the same seed
+    assert set(runs[0]) == {4, 60}
+    assert 3 <= runs[0].count(60) <= 20
+    with Provider(long_output_probability=1.0, **settings) as provider:
+        assert _answer_lengths(provider, 2, max_tokens=10) == [10, 10]
+    with Provider(long_output_probability=0.0, **settings) as provider:
+        assert _answer_lengths(provider, 5) == [4] * 5
+
+
+def test_long_outputs_leave_the_spikes_where_they_were() -> None:
+    def spiked(**extra: object) -> list[bool]:
+        config = ProviderConfig(ttft_ms=0.0, tpot_ms=0.0, output_tokens=1, spike_probability=0.3, spike_ms=1.0, seed=5, **extra)
+        server = _ProviderServer(config)
+        return [server._plan("chat", {"messages": []}, config).ttft_s > 0 for _ in range(30)]
+
+    assert spiked() == spiked(long_output_probability=0.5, long_output_tokens=3)
+    assert 3 <= sum(spiked()) <= 20
+
+
+@pytest.mark.parametrize(
+    "bad", [{"long_output_probability": 1.5}, {"long_output_probability": -0.1}, {"long_output_tokens": -1}]
+)
+def test_provider_config_refuses_bad_long_output_settings(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        ProviderConfig(**bad)

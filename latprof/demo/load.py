@@ -1,4 +1,9 @@
-"""Open-loop load: Poisson arrivals at a fixed rate; a request never waits for an earlier one."""
+"""Open-loop load: Poisson arrivals at a fixed rate; a request never waits for an earlier one.
+
+Every request is a GET of one path with a `chat_id`; `mix` sends a share of the requests to
+other paths instead, drawn from a random stream of its own so that the arrivals and chat ids
+stay those of the same seed without a mix.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import asyncio
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -19,6 +25,18 @@ class LoadStats:
     errors: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     error_samples: list[str] = field(default_factory=list)
+    #: Requests sent per path.
+    sent_by_path: dict[str, int] = field(default_factory=dict)
+
+
+def pick_path(path: str, mix: Sequence[tuple[str, float]], draw: float) -> str:
+    """The path of a request whose uniform draw in [0, 1) is `draw`: `mix` (path, share) first, else `path`."""
+    bound = 0.0
+    for other, share in mix:
+        bound += share
+        if draw < bound:
+            return other
+    return path
 
 
 async def _drive(
@@ -29,9 +47,11 @@ async def _drive(
     seed: int,
     progress: TextIO | None,
     timeout_s: float,
+    mix: Sequence[tuple[str, float]],
 ) -> LoadStats:
     stats = LoadStats()
     rng = random.Random(seed)
+    mix_rng = random.Random(f"{seed}:mix")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
     tasks: set[asyncio.Task[None]] = set()
 
@@ -39,10 +59,10 @@ async def _drive(
         base_url=base_url, limits=limits, timeout=timeout_s
     ) as client:
 
-        async def one(chat_id: int) -> None:
+        async def one(target: str, chat_id: int) -> None:
             start = time.perf_counter()
             try:
-                response = await client.get(path, params={"chat_id": chat_id})
+                response = await client.get(target, params={"chat_id": chat_id})
                 if response.status_code >= 400:
                     stats.errors += 1
                     if len(stats.error_samples) < 5:
@@ -83,7 +103,9 @@ async def _drive(
                     break
                 await asyncio.sleep(min(next_at - elapsed, 0.25))
             stats.sent += 1
-            task = asyncio.create_task(one(rng.randrange(50)))
+            target = pick_path(path, mix, mix_rng.random()) if mix else path
+            stats.sent_by_path[target] = stats.sent_by_path.get(target, 0) + 1
+            task = asyncio.create_task(one(target, rng.randrange(50)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         while tasks:  # the requests still in flight
@@ -102,8 +124,14 @@ def drive(
     seed: int = 1,
     progress: TextIO | None = sys.stderr,
     timeout_s: float = 60.0,
+    mix: Sequence[tuple[str, float]] = (),
 ) -> LoadStats:
-    """Send GET `path` at Poisson arrivals of `rate_rps` for `duration_s`; wait for the stragglers."""
+    """Send GET `path` at Poisson arrivals of `rate_rps` for `duration_s`; wait for the stragglers.
+
+    `mix`: (path, share) pairs; that share of the requests goes to that path instead.
+    """
+    if sum(share for _, share in mix) > 1 or any(share < 0 for _, share in mix):
+        raise ValueError(f"the shares of a load mix must be >= 0 and sum to at most 1: {list(mix)}")
     return asyncio.run(
-        _drive(base_url, path, rate_rps, duration_s, seed, progress, timeout_s)
+        _drive(base_url, path, rate_rps, duration_s, seed, progress, timeout_s, mix)
     )

@@ -2,9 +2,9 @@
 
 Tests and `latprof demo` point the official `openai` client at it to create every
 LLM-side latency fault decisively: a TTFT floor, a prefill cost per 1k input tokens, random
-provider-side queueing spikes, a time per output token, the number of output tokens, a
-concurrency limit that queues requests, and 429s (with `retry-after-ms`) for the first
-attempts of each request.
+provider-side queueing spikes, a time per output token, the number of output tokens (and a
+share of long answers among short ones), a concurrency limit that queues requests, and 429s
+(with `retry-after-ms`) for the first attempts of each request.
 
 Endpoints (HTTP/1.1 with keep-alive, bound to 127.0.0.1 only):
 
@@ -25,12 +25,19 @@ once, the first token after TTFT, then one token every `tpot_ms`, the finish chu
 Settings are the fields of `ProviderConfig`: per server (`Provider(ttft_ms=300)`, or
 `--ttft-ms 300` standalone) and per request, as a `latprof` object in the JSON body
 (`extra_body={"latprof": {"ttft_ms": 300}}` with the openai client) or as headers
-(`x-latprof-ttft-ms: 300`). The text and the spikes are deterministic for a seed.
+(`x-latprof-ttft-ms: 300`). The text, the spikes and which answers are long are
+deterministic for a seed (the n-th call served draws the same as in any other run).
+
+Output length: every answer has `output_tokens` tokens, except that with
+`long_output_probability` p a call has `long_output_tokens` instead (most answers short, a few
+long: decode owns the tail). Both are capped by the request's max_tokens / max_output_tokens
+(the answer then ends with finish reason `length`). With p = 0 nothing is drawn.
 
     with Provider(ttft_ms=300, tpot_ms=10, output_tokens=20) as provider:
         client = openai.OpenAI(base_url=provider.url, api_key="unused")
 
     python -m latprof.demo.provider --port 8911 --ttft-ms 300 --spike-probability 0.05 --spike-ms 2000
+    python -m latprof.demo.provider --output-tokens 8 --long-output-probability 0.04 --long-output-tokens 240
 """
 
 from __future__ import annotations
@@ -71,8 +78,12 @@ class ProviderConfig:
     spike_ms: float = 0.0
     #: Time per output token after the first.
     tpot_ms: float = 10.0
-    #: Output tokens of every answer (capped by the request's max_tokens / max_output_tokens).
+    #: Output tokens of an answer (capped by the request's max_tokens / max_output_tokens).
     output_tokens: int = 32
+    #: Chance that an answer has `long_output_tokens` output tokens instead of `output_tokens`
+    #: (same cap); drawn per call from the seed, independently of the spikes.
+    long_output_probability: float = 0.0
+    long_output_tokens: int = 0
     #: Answer 429 to the first N attempts of each request (counted by openai's
     #: `x-stainless-retry-count`, else per `Idempotency-Key`, else per server).
     fail_first: int = 0
@@ -94,9 +105,11 @@ class ProviderConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
-        if not 0.0 <= self.spike_probability <= 1.0:
-            raise ValueError(f"spike_probability must be within [0, 1], not {self.spike_probability!r}")
-        for name in ("output_tokens", "fail_first", "retry_after_ms", "max_concurrency"):
+        for name in ("spike_probability", "long_output_probability"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise ValueError(f"{name} must be within [0, 1], not {value!r}")
+        for name in ("output_tokens", "long_output_tokens", "fail_first", "retry_after_ms", "max_concurrency"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
@@ -261,6 +274,8 @@ class _ProviderServer:
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
         self._rng = random.Random(config.seed)
+        # A stream of its own, so that long answers never change which calls spike.
+        self._length_rng = random.Random(f"{config.seed}:long-output")
         self._ids = 0
         self._attempts_by_key: dict[str, int] = {}
         self._anonymous_attempts = 0
@@ -362,6 +377,8 @@ class _ProviderServer:
             tools = [t for t in payload.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"]
             limit = payload.get("max_output_tokens")
         tokens = config.output_tokens
+        if config.long_output_probability and self._length_rng.random() < config.long_output_probability:
+            tokens = config.long_output_tokens
         finish = "stop"
         if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < tokens:
             tokens, finish = limit, "length"
@@ -657,15 +674,36 @@ class Provider:
         self.stop()
 
 
+#: `--help` of each ProviderConfig field (its `#:` comment, shortened).
+_HELP = {
+    "ttft_ms": "TTFT of a tiny prompt: network, provider queueing, fixed prefill",
+    "ttft_ms_per_1k_input_tokens": "TTFT added per 1000 input tokens (prefill; tokens = characters / 4)",
+    "spike_probability": "chance that a call waits --spike-ms more for its first token (provider-side queueing)",
+    "spike_ms": "the extra TTFT of a spike",
+    "tpot_ms": "time per output token after the first",
+    "output_tokens": "output tokens of an answer (capped by the request's max_tokens / max_output_tokens)",
+    "long_output_probability": "chance that an answer has --long-output-tokens instead of --output-tokens",
+    "long_output_tokens": "output tokens of a long answer (same cap)",
+    "fail_first": "answer 429 to the first N attempts of each request",
+    "retry_after_ms": "the retry-after-ms header of a 429",
+    "max_concurrency": "at most this many calls in prefill or decode at once, the others queue (0: unlimited)",
+    "role_chunk_first": "send the role-only chunk right after the headers",
+    "tool_calls": "answer with a tool call: auto, always or never",
+    "model": "the model answered with when the request names none",
+    "seed": "seed of the text, the spikes and the long answers",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m latprof.demo.provider", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=8911, help="port on 127.0.0.1 (0: any free port); default 8911")
     for f in fields(ProviderConfig):
         flag = "--" + f.name.replace("_", "-")
+        help_text = f"{_HELP.get(f.name, f.name.replace('_', ' '))}; default %(default)s"
         if isinstance(f.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=_HELP.get(f.name))
         else:
-            parser.add_argument(flag, type=type(f.default), default=f.default, metavar=f.name.upper())
+            parser.add_argument(flag, type=type(f.default), default=f.default, metavar=f.name.upper(), help=help_text)
     return parser
 
 

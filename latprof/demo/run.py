@@ -30,6 +30,9 @@ ENV_SECONDS = "LATPROF_DEMO_SECONDS"
 DEFAULT_DURATION_S = 20.0
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
+#: uvicorn's `--http` and `--loop` choices the demo accepts ("auto": uvicorn picks).
+HTTP_IMPLEMENTATIONS = ("auto", "h11", "httptools")
+LOOP_IMPLEMENTATIONS = ("auto", "asyncio", "uvloop")
 
 
 @dataclass(frozen=True)
@@ -90,9 +93,19 @@ def run_demo(
     duration_s: float | None = None,
     warmup_s: float = DEFAULT_WARMUP_S,
     progress: TextIO | None = sys.stderr,
+    http: str = "auto",
+    loop: str = "auto",
 ) -> DemoResult:
-    """Run `scenario` end to end and diagnose it; the capture is kept at `capture`."""
+    """Run `scenario` end to end and diagnose it; the capture is kept at `capture`.
+
+    `http` and `loop` are uvicorn's `--http` (h11, httptools) and `--loop` (asyncio, uvloop);
+    "auto" lets uvicorn pick (httptools and uvloop when installed).
+    """
     spec = get_scenario(scenario)
+    if http not in HTTP_IMPLEMENTATIONS:
+        raise ConfigError(f"http={http!r}: choose one of {', '.join(HTTP_IMPLEMENTATIONS)}")
+    if loop not in LOOP_IMPLEMENTATIONS:
+        raise ConfigError(f"loop={loop!r}: choose one of {', '.join(LOOP_IMPLEMENTATIONS)}")
     seconds = duration_from_env() if duration_s is None else duration_s
     if seconds <= 0:
         raise ConfigError("the demo duration must be > 0 s")
@@ -113,7 +126,10 @@ def run_demo(
             normalize_dsn(dsn) if dsn else f"sqlite+aiosqlite:///{workdir / 'demo.db'}"
         )
         db_label = "PostgreSQL" if url.startswith("postgresql") else "SQLite"
-        say(f"scenario {spec.name}: {spec.summary} ({db_label})")
+        server = "".join(
+            f", --{name} {value}" for name, value in (("http", http), ("loop", loop)) if value != "auto"
+        )
+        say(f"scenario {spec.name}: {spec.summary} ({db_label}{server})")
         with Provider(ProviderConfig(**spec.provider)) as provider:
             port = _free_port()
             env = {
@@ -122,11 +138,13 @@ def run_demo(
                 "LATPROF_DEMO_POOL_SIZE": str(spec.pool_size),
                 "LATPROF_DEMO_PROVIDER_URL": provider.url,
                 "LATPROF_DEMO_THREADPOOL_TOKENS": str(spec.threadpool_tokens),
+                "LATPROF_DEMO_EXPORT_BLOCK_MS": str(spec.export_block_ms),
             }
             cmd = [
                 sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture), "--",
                 sys.executable, "-m", "uvicorn", "latprof.demo.service:app", "--host", "127.0.0.1",
                 "--port", str(port), "--log-level", "warning", "--no-access-log",
+                "--http", http, "--loop", loop,
             ]  # fmt: skip
             log_path = workdir / "service.log"
             with open(log_path, "wb") as log:
@@ -145,7 +163,12 @@ def run_demo(
                         f"service up on {base_url} (pid {proc.pid}); {spec.rate_rps:g} requests/s for {seconds:g} s"
                     )
                     load = drive(
-                        base_url, spec.path, spec.rate_rps, seconds, progress=progress
+                        base_url,
+                        spec.path,
+                        spec.rate_rps,
+                        seconds,
+                        progress=progress,
+                        mix=spec.mix,
                     )
                 finally:
                     code = _stop(proc)

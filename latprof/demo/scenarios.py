@@ -30,6 +30,10 @@ class Scenario:
     threadpool_tokens: int = 40
     #: The service's route the load calls.
     path: str = "/chat"
+    #: Other routes the load calls instead, with their share of the requests.
+    mix: tuple[tuple[str, float], ...] = ()
+    #: How long the service's `/export` blocks its event loop.
+    export_block_ms: float = 300.0
     #: A finding the demo should also produce (rule id), beyond the verdict.
     expected_finding: str | None = None
 
@@ -69,11 +73,77 @@ SCENARIOS: dict[str, Scenario] = {
                 " but no tail - no layer owns p99, the provider floor is a finding"
             ),
             expected_layer=None,
-            rate_rps=8.0,
+            rate_rps=10.0,
             provider={"ttft_ms": 600.0, "tpot_ms": 5.0, "output_tokens": 8},
             pool_size=20,
             path="/chat-released",
             expected_finding="provider-floor",
+        ),
+        Scenario(
+            name="provider-spikes",
+            summary=(
+                "The service releases its connection before the LLM call, but 5% of calls wait 1.8 s"
+                " longer for their first token: provider-side queueing owns the tail"
+            ),
+            expected_layer="provider",
+            rate_rps=16.0,
+            provider={
+                "ttft_ms": 100.0,
+                "spike_probability": 0.05,
+                "spike_ms": 1800.0,
+                "tpot_ms": 5.0,
+                "output_tokens": 8,
+            },
+            pool_size=10,
+            path="/chat-released",
+            expected_finding="provider-floor",
+        ),
+        Scenario(
+            name="long-outputs",
+            summary=(
+                "Most answers are 8 tokens, 5% are 240 tokens at 10 ms per token:"
+                " decode after the first token owns the tail"
+            ),
+            expected_layer="model",
+            rate_rps=16.0,
+            provider={
+                "ttft_ms": 100.0,
+                "tpot_ms": 10.0,
+                "output_tokens": 8,
+                "long_output_probability": 0.05,
+                "long_output_tokens": 240,
+            },
+            pool_size=10,
+            path="/chat-released",
+            expected_finding="long-decode",
+        ),
+        Scenario(
+            name="healthy",
+            summary=(
+                "The fixed route with a modest, uniform 120 ms to the first token and short answers:"
+                " no tail, nothing to fix"
+            ),
+            expected_layer=None,
+            rate_rps=10.0,
+            provider={"ttft_ms": 120.0, "tpot_ms": 5.0, "output_tokens": 8},
+            pool_size=10,
+            path="/chat-released",
+        ),
+        Scenario(
+            name="blocking-call",
+            summary=(
+                "3% of requests go to an async endpoint that makes a 300 ms blocking call on the"
+                " event loop; every other request in flight waits for the loop meanwhile, whatever"
+                " it was awaiting"
+            ),
+            expected_layer="event_loop",
+            rate_rps=16.0,
+            provider={"ttft_ms": 80.0, "tpot_ms": 5.0, "output_tokens": 8},
+            pool_size=10,
+            path="/chat-released",
+            mix=(("/export", 0.03),),
+            export_block_ms=300.0,
+            expected_finding="event-loop-blocked",
         ),
     )
 }

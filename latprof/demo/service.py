@@ -5,16 +5,20 @@ Configured by environment variables (set by `latprof.demo.run`):
 - LATPROF_DEMO_DSN: SQLAlchemy URL (async driver: sqlite+aiosqlite, postgresql+psycopg);
 - LATPROF_DEMO_POOL_SIZE: pool size (max_overflow is always 0);
 - LATPROF_DEMO_PROVIDER_URL: base URL of the demo provider;
-- LATPROF_DEMO_THREADPOOL_TOKENS: worker threads of anyio's default limiter.
+- LATPROF_DEMO_THREADPOOL_TOKENS: worker threads of anyio's default limiter (sync endpoints);
+- LATPROF_DEMO_EXPORT_BLOCK_MS: how long `/export` blocks the event loop.
 
 Routes: `/chat` holds its connection across the streamed LLM call (the bug);
 `/chat-released` reads, releases the connection, then calls the LLM (the fix);
-`/chat-sync` is a sync endpoint (thread pool) doing the fixed version with blocking clients.
+`/chat-sync` is a sync endpoint (thread pool) doing the fixed version with blocking clients;
+`/export` is an async endpoint that makes a blocking call on the event loop (the other bug).
+Every LLM call streams and asks for usage, so the hooks record output tokens.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,6 +34,7 @@ DSN = os.environ.get("LATPROF_DEMO_DSN", "sqlite+aiosqlite:///latprof-demo.db")
 POOL_SIZE = int(os.environ.get("LATPROF_DEMO_POOL_SIZE", "3"))
 PROVIDER_URL = os.environ.get("LATPROF_DEMO_PROVIDER_URL", "http://127.0.0.1:8911/v1")
 THREADPOOL_TOKENS = int(os.environ.get("LATPROF_DEMO_THREADPOOL_TOKENS", "40"))
+EXPORT_BLOCK_MS = float(os.environ.get("LATPROF_DEMO_EXPORT_BLOCK_MS", "300"))
 MODEL = "latprof-demo-1"
 TABLE = "latprof_demo_messages"
 
@@ -97,7 +102,10 @@ def _messages(rows: Any, chat_id: int) -> list[ChatCompletionMessageParam]:
 
 async def _stream_answer(messages: list[ChatCompletionMessageParam]) -> str:
     stream = await llm.chat.completions.create(
-        model=MODEL, messages=messages, stream=True
+        model=MODEL,
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     parts = []
     async for chunk in stream:
@@ -135,7 +143,25 @@ def chat_sync(chat_id: int = 1) -> dict[str, Any]:
     with sync_engine.connect() as conn:
         rows = conn.execute(_SELECT, {"chat_id": chat_id}).all()
     stream = sync_llm.chat.completions.create(
-        model=MODEL, messages=_messages(rows, chat_id), stream=True
+        model=MODEL,
+        messages=_messages(rows, chat_id),
+        stream=True,
+        stream_options={"include_usage": True},
     )
     answer = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     return {"chat": chat_id, "answer": answer}
+
+
+@app.get("/export")
+async def export(chat_id: int = 1) -> dict[str, Any]:
+    """The blocking call: an `async def` endpoint that renders its export synchronously."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(_SELECT, {"chat_id": chat_id})).all()
+    document = _render_export(rows)  # on the event loop: every request in flight waits for it
+    return {"chat": chat_id, "bytes": len(document)}
+
+
+def _render_export(rows: Any) -> str:
+    """Stands in for a sync SDK or HTTP client call (or PDF rendering) made inside `async def`."""
+    time.sleep(EXPORT_BLOCK_MS / 1000)
+    return "\n".join(row.body for row in rows)
