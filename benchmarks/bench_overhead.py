@@ -1,0 +1,196 @@
+"""What the hooks cost a saturated service: the same uvicorn app with all hooks on and off, one run.
+
+    python benchmarks/bench_overhead.py [--rounds 6] [--seconds 4] [--connections 16]
+                                        [--http httptools] [--loop uvloop]
+
+Two copies of `overhead_app.py` (FastAPI, an endpoint without I/O) run side by side: one
+plain, one with latprof's hooks loaded exactly as `latprof run` loads them (recording into a
+capture file). A closed-loop client keeps `--connections` keep-alive connections busy on one
+server at a time, alternating between them round by round (off, on, on, off, ...), so that
+the machine's noise hits both alike. The servers are pinned to CPU 0 and the client to CPU 1
+when the machine has two CPUs or more, so the service's CPU is the bottleneck: throughput
+is what the service can do, and the hooks' cost (their writer thread included) shows in it.
+
+Per configuration, the median over its rounds of: requests per second, client-side p50 and
+p99, and the server's CPU time per request (all its threads). The hooked server's capture is
+checked at the end: one request root per response, or the comparison is void.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from latprof.launcher import hooked_environment
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    rounds: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def ps(self) -> psutil.Process:
+        return psutil.Process(self.proc.pid)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(name: str, env: dict[str, str], http: str, loop: str, cpu: int | None) -> Server:
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "uvicorn", "overhead_app:app", "--app-dir", str(HERE),
+        "--host", "127.0.0.1", "--port", str(port), "--http", http, "--loop", loop,
+        "--log-level", "warning", "--no-access-log",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    if cpu is not None:
+        os.sched_setaffinity(proc.pid, {cpu})
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/profile/1", timeout=1).status_code == 200:
+                return Server(name, proc, port)
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"bench_overhead: the {name} server did not start (exit code {proc.poll()})")
+        time.sleep(0.1)
+
+
+async def _connection(port: int, stop_at: float, latencies: list[float], k: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = f"GET /profile/{k} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n".encode()
+    clock = time.perf_counter
+    try:
+        while clock() < stop_at:
+            t0 = clock()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+                    break
+            await reader.readexactly(length)
+            latencies.append(clock() - t0)
+    finally:
+        writer.close()
+
+
+async def _load(port: int, seconds: float, connections: int) -> list[float]:
+    latencies: list[float] = []
+    stop_at = time.perf_counter() + seconds
+    await asyncio.gather(*(_connection(port, stop_at, latencies, k) for k in range(connections)))
+    return latencies
+
+
+def load(server: Server, seconds: float, connections: int, warmup_s: float) -> dict[str, float]:
+    asyncio.run(_load(server.port, warmup_s, connections))
+    cpu0 = sum(server.ps.cpu_times()[:2])
+    t0 = time.perf_counter()
+    latencies = asyncio.run(_load(server.port, seconds, connections))
+    elapsed = time.perf_counter() - t0
+    cpu = sum(server.ps.cpu_times()[:2]) - cpu0
+    latencies.sort()
+    n = len(latencies)
+    return {
+        "rps": n / elapsed,
+        "p50_ms": latencies[n // 2] * 1e3,
+        "p99_ms": latencies[min(n - 1, int(n * 0.99))] * 1e3,
+        "cpu_us": cpu / n * 1e6,
+        "requests": n,
+    }
+
+
+def stop(server: Server) -> None:
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def count_roots(capture: Path) -> int:
+    with open(capture, "rb") as f:
+        return sum(1 for line in f if line.startswith(b'{"type":"request"'))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per configuration")
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured load per round")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured load before each round")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--http", default="httptools", choices=["h11", "httptools"])
+    parser.add_argument("--loop", default="uvloop", choices=["asyncio", "uvloop"])
+    parser.add_argument("--hooks", default="all", help="the hooks of the hooked server, as for `latprof run --hooks`")
+    args = parser.parse_args()
+
+    two_cpus = len(os.sched_getaffinity(0)) >= 2
+    server_cpu, client_cpu = (0, 1) if two_cpus else (None, None)
+    if client_cpu is not None:
+        os.sched_setaffinity(0, {client_cpu})
+    with tempfile.TemporaryDirectory(prefix="latprof-bench-") as tmp:
+        capture = Path(tmp) / "capture.jsonl"
+        plain_env = {k: v for k, v in os.environ.items() if not k.startswith("LATPROF_")}
+        off = start_server("hooks off", plain_env, args.http, args.loop, server_cpu)
+        on = start_server("hooks on", hooked_environment(capture, args.hooks, environ=plain_env), args.http, args.loop, server_cpu)
+        try:
+            for r in range(args.rounds):  # off, on, on, off, off, on, ...
+                for server in (off, on) if r % 2 == 0 else (on, off):
+                    server.rounds.append(load(server, args.seconds, args.connections, args.warmup))
+        finally:
+            stop(off)
+            stop(on)
+        roots = count_roots(capture)
+        measured_on = sum(int(r["requests"]) for r in on.rounds)
+
+    print(
+        f"python {sys.version.split()[0]}, uvicorn --http {args.http} --loop {args.loop}, {args.connections} connections,"
+        f" {args.rounds} rounds x {args.seconds:g} s per configuration (pinned: {two_cpus})"
+    )
+    print(f"{'':<12}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU us/req':>12}")
+    med = {}
+    for server in (off, on):
+        med[server.name] = {key: statistics.median(r[key] for r in server.rounds) for key in server.rounds[0]}
+        m = med[server.name]
+        print(f"{server.name:<12}{m['rps']:>10.0f}{m['p50_ms']:>10.2f}{m['p99_ms']:>10.2f}{m['cpu_us']:>12.1f}")
+    a, b = med["hooks off"], med["hooks on"]
+    print(
+        f"hooks on vs off: {b['cpu_us'] - a['cpu_us']:+.1f} us CPU per request ({b['cpu_us'] / a['cpu_us'] - 1:+.1%}),"
+        f" throughput {b['rps'] / a['rps'] - 1:+.1%}, p50 {b['p50_ms'] / a['p50_ms'] - 1:+.1%}"
+    )
+    per_round = [f"{x['rps'] / y['rps'] - 1:+.1%}" for x, y in zip(on.rounds, off.rounds)]
+    print(f"throughput change per round pair: {', '.join(per_round)}")
+    # Warm-up requests are recorded too: at least every measured one must have its root.
+    print(f"capture check: {roots:,} request roots for {measured_on:,} measured requests (plus warm-up)")
+    if roots < measured_on:
+        raise SystemExit("bench_overhead: the hooked server recorded fewer requests than it served")
+
+
+if __name__ == "__main__":
+    main()
