@@ -282,26 +282,7 @@ class _RequestCoroutine(asyncio_loop.TimedCoroutine):
     __slots__ = ()
 
     def send(self, value: Any) -> Any:
-        # `_step(self._coro.send, value)` written out: every step of every request runs this,
-        # and the StopIteration that ends the request passes one Python frame fewer.
-        request: _Request = self._owner
-        if request.finished:
-            return self._coro.send(value)
-        if request.token is None:
-            _begin(request)
-        if request.done:
-            return self._step(self._coro.send, value)
-        wall0 = _time_ns()
-        try:
-            result = self._coro.send(value)
-        except BaseException:  # StopIteration included: the coroutine is over
-            self._account(request, wall0)
-            _finish(request)
-            raise
-        self._account(request, wall0)
-        if request.done:  # the response's last body message went out during this step
-            _finish(request)
-        return result
+        return self._step(self._coro.send, value)
 
     def throw(self, *args: Any) -> Any:
         return self._step(self._coro.throw, *args)
