@@ -182,6 +182,11 @@ def test_blocking_call(tmp_path: Path, http: str, loop: str) -> None:
     assert waited, [analysis.breakdowns[i] for i in analysis.groups.tail]
     innocent = [i for i in waited if held_ms(i) == 0]
     assert len(innocent) >= 0.8 * len(waited), [(analysis.requests[i].request.route, held_ms(i)) for i in waited]
+    # They were mostly awaiting the provider (or a query) when the loop stopped: the wait is
+    # nested under that segment, so it is event_loop time rather than the provider's.
+    by_id = {s.segment_id: s for i in innocent for s in analysis.requests[i].segments}
+    nested = [s for s in by_id.values() if s.layer == EVENT_LOOP and s.parent_id in by_id]
+    assert {by_id[s.parent_id].layer for s in nested} & {PROVIDER, MODEL}, [(s.name, s.parent_id) for s in nested]
     blockers = [i for i, rt in enumerate(analysis.requests) if rt.request.route == "GET /export"]
     assert len(blockers) >= 2
     for i in blockers:
