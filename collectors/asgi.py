@@ -344,7 +344,8 @@ def _finish(request: _Request) -> None:
     if request.finished:
         return
     request.finished = request.done = True
-    request.monitor.request_finished()
+    monitor = request.monitor
+    monitor.request_finished()
     try:
         state = request.state
         if state is None:
@@ -359,11 +360,14 @@ def _finish(request: _Request) -> None:
             _segment(state, BEHIND_THE_PROXY, QUEUE, request.header_ns, arrival_ns, {QUEUE_SOURCE: "header"})
         if request.handler_ns - arrival_ns >= MIN_PRE_HANDLER_NS:
             _segment(state, PRE_HANDLER, EVENT_LOOP, arrival_ns, request.handler_ns)
-        others, own = request.monitor.blocked(request.key, request.handler_ns, end_ns)
-        if others:
-            _waited_for_the_loop(state, others)
-        for lo, hi in own:  # no layer, it owns no time: says which request held the loop, and how long
-            _segment(state, HELD_THE_LOOP, None, lo, hi)
+        monitor.catch_up()  # a block that ended just now is noted before we look
+        blocks = monitor.blocks
+        if blocks and blocks[-1].noted_ns >= request.handler_ns:  # else nothing blocked the loop meanwhile
+            others, own = monitor.blocked(request.key, request.handler_ns, end_ns)
+            if others:
+                _waited_for_the_loop(state, others)
+            for lo, hi in own:  # no layer, it owns no time: says which request held the loop, and how long
+                _segment(state, HELD_THE_LOOP, None, lo, hi)
         runtime.end_request(request.token, end_ns)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
@@ -457,16 +461,12 @@ def _thread_call_done(request: _Request, called_ns: int, call: _ThreadCall) -> N
 # --- arrival -----------------------------------------------------------------------------------
 
 
-def _connection_socket(cycle: Any) -> Any:
-    """The TCP socket of the cycle's connection, or None (unix socket, not Linux): once per connection.
+def _connection_socket(cycle: Any, store: dict[str, Any] | None) -> Any:
+    """The TCP socket of the cycle's connection, or None (unix socket, not Linux), kept in `store`.
 
-    Kept on the connection's flow control object, which uvicorn makes once per connection:
-    uvloop builds a new socket object on every `get_extra_info("socket")`.
+    `store` is the `__dict__` of the connection's flow control object, which uvicorn makes
+    once per connection: uvloop builds a new socket object on every `get_extra_info("socket")`.
     """
-    store = getattr(getattr(cycle, "flow", None), "__dict__", None)
-    cached = store.get(_SOCKET_ATTR, _UNSET) if store is not None else _UNSET
-    if cached is not _UNSET:
-        return cached
     transport = cycle.transport
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None or _TCP_INFO is None or sock.family not in _TCP_FAMILIES:
@@ -483,7 +483,10 @@ def _connection_socket(cycle: Any) -> Any:
 
 def _socket_arrival(cycle: Any, now_ns: int) -> int | None:
     """When the connection last received data (wall-clock ns), from TCP_INFO; None if unknown."""
-    sock = _connection_socket(cycle)
+    store = getattr(getattr(cycle, "flow", None), "__dict__", None)
+    sock = store.get(_SOCKET_ATTR, _UNSET) if store is not None else _UNSET
+    if sock is _UNSET:  # the connection's first request
+        sock = _connection_socket(cycle, store)
     if sock is None:
         return None
     try:
