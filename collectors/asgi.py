@@ -13,7 +13,10 @@ One request root per HTTP request, backdated to when its bytes reached the serve
 - **Start.** On Linux `getsockopt(TCP_INFO)` on the connection gives `tcpi_last_data_recv`
   (u32 at byte 52: milliseconds since data last arrived, counted in kernel ticks of 1-10 ms),
   read when uvicorn hands the request over. The start is backdated by that, less one tick
-  (the least the request can have waited), so a request read at once never looks queued. An
+  (the least the request can have waited), so a request read at once never looks queued.
+  The system call is made only while the loop is late by a tick or more (now, or in the last
+  2 s, per `LoopMonitor.lagging`): a loop that answers within a tick cannot have left the
+  request in the socket for a tick, and TCP_INFO would not show less. An
   `X-Request-Start` header (`t=` then seconds, milliseconds or microseconds since the epoch,
   told apart by magnitude) moves the start earlier still: the time between the proxy and the
   socket is a `queue` segment with `latprof.queue.source = "header"`. On unix sockets (no
@@ -266,7 +269,7 @@ def _track(cycle: Any, coro: Any) -> Any:
     if monitor is None:
         return coro
     read_ns = _time_ns()
-    arrival_ns = _socket_arrival(cycle, read_ns)
+    arrival_ns = _socket_arrival(cycle, read_ns, monitor)
     reference_ns = arrival_ns if arrival_ns is not None else read_ns
     scope = cycle.scope
     header_ns = _header_start(scope.get("headers"), reference_ns)
@@ -481,13 +484,19 @@ def _connection_socket(cycle: Any, store: dict[str, Any] | None) -> Any:
     return sock
 
 
-def _socket_arrival(cycle: Any, now_ns: int) -> int | None:
-    """When the connection last received data (wall-clock ns), from TCP_INFO; None if unknown."""
+def _socket_arrival(cycle: Any, now_ns: int, monitor: asyncio_loop.LoopMonitor) -> int | None:
+    """When the connection last received data (wall-clock ns), from TCP_INFO; None if unknown or now.
+
+    TCP_INFO counts in kernel ticks, and a wait under one tick is not seen: while the loop
+    answers ready callbacks within a tick, the socket cannot have held the request longer,
+    and the system call (about 10 us on a busy server, a fifth of what the hooks cost) is
+    skipped.
+    """
     store = getattr(getattr(cycle, "flow", None), "__dict__", None)
     sock = store.get(_SOCKET_ATTR, _UNSET) if store is not None else _UNSET
     if sock is _UNSET:  # the connection's first request
         sock = _connection_socket(cycle, store)
-    if sock is None:
+    if sock is None or not monitor.lagging(_TICK_NS):
         return None
     try:
         raw = sock.getsockopt(_IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)

@@ -60,6 +60,8 @@ BLOCK_THRESHOLD_NS = 20_000_000
 STEP_MIN_NS = 1_000_000
 #: A period without a block is written as one reading of the lag gauge: its largest lateness.
 GAUGE_PERIOD_NS = 1_000_000_000
+#: How long a tick's lateness is remembered by `lagging` (unless a larger one replaces it).
+LAG_MEMORY_NS = 2_000_000_000
 #: A lateness above this is a loop that was not running (stopped and restarted, process
 #: suspended), not a block: it is ignored.
 MAX_PLAUSIBLE_LAG_NS = 60_000_000_000
@@ -136,6 +138,9 @@ class LoopMonitor:
         # counted as CPU since (see `step_cpu`).
         self.cpu_mark = 0
         self.short_ns = 0
+        # The largest lateness of a tick in about the last LAG_MEMORY_NS (see `lagging`).
+        self.lag_recent_ns = 0
+        self._lag_recent_at = 0
 
     # --- the probe -------------------------------------------------------------------------
 
@@ -182,7 +187,8 @@ class LoopMonitor:
             now = _time_ns()
             if late > MAX_PLAUSIBLE_LAG_NS:
                 late = 0
-            elif late >= BLOCK_THRESHOLD_NS:
+            self._remember_lag(late, now)
+            if late >= BLOCK_THRESHOLD_NS:
                 self._late(late, now)
             elif late > self._window_max_ns:
                 self._window_max_ns = late
@@ -210,6 +216,22 @@ class LoopMonitor:
         runtime.gauge(GAUGE_LOOP_LAG_MS, late / 1e6)
         self._window_reported = True
 
+    def _remember_lag(self, late: int, now: int) -> None:
+        if late >= self.lag_recent_ns or now - self._lag_recent_at >= LAG_MEMORY_NS:
+            self.lag_recent_ns = late
+            self._lag_recent_at = now
+
+    def lagging(self, threshold_ns: int) -> bool:
+        """Whether ready callbacks wait `threshold_ns` or more for this loop: now, or lately.
+
+        True when the pending tick is that late already (the loop is busy, or was blocked
+        just now and has not got to the tick), or when a tick was that late in about the last
+        `LAG_MEMORY_NS`. A readable socket waits for the loop like a due timer does.
+        """
+        if self.lag_recent_ns >= threshold_ns:
+            return True
+        return self._running and _monotonic_ns() - self._due_ns >= threshold_ns
+
     def catch_up(self) -> None:
         """Note a block that just ended, before the probe's overdue tick gets its turn.
 
@@ -222,7 +244,9 @@ class LoopMonitor:
         mono = _monotonic_ns()
         late = mono - self._due_ns
         if BLOCK_THRESHOLD_NS <= late <= MAX_PLAUSIBLE_LAG_NS:
-            self._late(late, _time_ns())
+            now = _time_ns()
+            self._late(late, now)
+            self._remember_lag(late, now)
             self._due_ns = mono
 
     def _blocked(self, start: int, end: int) -> None:

@@ -195,6 +195,32 @@ def test_a_request_finishing_right_after_a_block_sees_it_before_the_probe_tick_d
     assert len(lags) == 1 and 170 <= lags[0] <= 260
 
 
+@pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+def test_the_loop_is_lagging_while_it_is_blocked_and_for_a_while_after(recorded, new_loop):
+    """What decides whether the ASGI hook reads TCP_INFO: the loop's lateness, now or lately."""
+    tick = 60_000_000  # (a kernel tick is 1-10 ms; larger here so that a loaded machine's ticks stay under it)
+
+    async def main() -> list[bool]:
+        monitor = asyncio_loop.monitor(asyncio.get_running_loop())
+        monitor.request_started()
+        await asyncio.sleep(0.05)
+        seen = [monitor.lagging(tick)]  # answering within a tick: no
+        time.sleep(0.12)  # blocked: the pending tick is overdue right now
+        seen.append(monitor.lagging(tick))
+        monitor.catch_up()  # a request noticed the block first (the tick is not due any more)...
+        seen.append(monitor.lagging(tick))  # ... and the loop still counts as lagging
+        await asyncio.sleep(0.05)
+        seen.append(monitor.lagging(tick))  # for a while after
+        return seen
+
+    loop = new_loop()
+    try:
+        seen = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert seen == [False, True, True, True]
+
+
 def test_tasks_spawned_by_a_request_are_timed_for_it_through_the_services_own_task_factory(recorded):
     made: list = []
 
