@@ -169,14 +169,8 @@ def _patch_uvicorn(module: Any) -> None:
             return _send_when_writable(original_send, self, message, request)
         # uvicorn writes to the transport as soon as the coroutine runs (awaited at once):
         # noting the message now, without a coroutine of our own, costs the service less.
-        # `_sent`, inline: this runs for every message of every response.
         try:
-            kind = message["type"]
-            if kind == "http.response.start":
-                request.status = message.get("status")
-            elif kind == "http.response.body" and not message.get("more_body", False):
-                request.response_end_ns = _time_ns()
-                request.done = True
+            _sent(request, message)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
         return original_send(self, message)
@@ -247,9 +241,7 @@ class _Request(asyncio_loop.Owner):
     def __init__(
         self, scope: Any, monitor: asyncio_loop.LoopMonitor, read_ns: int, arrival_ns: int | None, header_ns: int | None
     ) -> None:
-        self.key = asyncio_loop.new_key()  # Owner's fields, without a call to its __init__
-        self.cpu_ns = 0
-        self.done = False
+        super().__init__()
         self.scope = scope
         self.monitor = monitor
         self.read_ns = read_ns  # when uvicorn handed the parsed request over
@@ -363,14 +355,11 @@ def _finish(request: _Request) -> None:
             _segment(state, BEHIND_THE_PROXY, QUEUE, request.header_ns, arrival_ns, {QUEUE_SOURCE: "header"})
         if request.handler_ns - arrival_ns >= MIN_PRE_HANDLER_NS:
             _segment(state, PRE_HANDLER, EVENT_LOOP, arrival_ns, request.handler_ns)
-        monitor.catch_up()  # a block that ended just now is noted before we look
-        blocks = monitor.blocks
-        if blocks and blocks[-1].noted_ns >= request.handler_ns:  # else nothing blocked the loop meanwhile
-            others, own = monitor.blocked(request.key, request.handler_ns, end_ns)
-            if others:
-                _waited_for_the_loop(state, others)
-            for lo, hi in own:  # no layer, it owns no time: says which request held the loop, and how long
-                _segment(state, HELD_THE_LOOP, None, lo, hi)
+        others, own = monitor.blocked(request.key, request.handler_ns, end_ns)
+        if others:
+            _waited_for_the_loop(state, others)
+        for lo, hi in own:  # no layer, it owns no time: says which request held the loop, and how long
+            _segment(state, HELD_THE_LOOP, None, lo, hi)
         runtime.end_request(request.token, end_ns)
     except Exception as exc:
         runtime.count_error(HOOK, exc)

@@ -97,13 +97,12 @@ class Owner:
     __slots__ = ("key", "cpu_ns", "done")
 
     def __init__(self) -> None:
-        self.key = new_key()
+        self.key = next(_keys)
         self.cpu_ns = 0
         self.done = False
 
 
 _keys = itertools.count(1)
-new_key = _keys.__next__
 _owner: contextvars.ContextVar[Owner | None] = contextvars.ContextVar("latprof_loop_owner", default=None)
 
 
@@ -386,13 +385,9 @@ class TimedCoroutine(Coroutine):  # type: ignore[type-arg]
         """A step of `owner` that began at `wall0` just ended: its CPU, and the loop time it held."""
         try:
             wall1 = _time_ns()
-            wall = wall1 - wall0
             monitor = self._monitor
-            if 0 <= wall < STEP_MIN_NS:  # `step_cpu`'s common case, inline: it runs on every step
-                owner.cpu_ns += wall
-                monitor.short_ns += wall
-            else:
-                owner.cpu_ns += monitor.step_cpu(wall0, wall1)
+            owner.cpu_ns += monitor.step_cpu(wall0, wall1)
+            if wall1 - wall0 >= STEP_MIN_NS:
                 monitor.step(wall0, wall1, owner.key)
         except Exception as exc:
             runtime.count_error(HOOK, exc)

@@ -129,7 +129,6 @@ def new_id() -> str:
 
 
 now_ns = time.time_ns  # wall clock, nanoseconds: what every event stores
-_new_tuple = tuple.__new__
 
 
 def pid() -> int:
@@ -152,7 +151,7 @@ def open_request(
     route: str, start_ns: int, attrs: Mapping[str, Any] | None = None
 ) -> tuple[contextvars.Token[RequestState | None], RequestState]:
     """`begin_request`, also returning the request's state (what `current_request()` now returns)."""
-    state = RequestState(f"{_id_prefix}{next(_ids):x}", route, start_ns, _pid, dict(attrs) if attrs else {})
+    state = RequestState(new_id(), route, start_ns, _pid, dict(attrs) if attrs else {})
     return _request.set(state), state
 
 
@@ -165,23 +164,18 @@ def end_request(token: contextvars.Token[RequestState | None], end_ns: int | Non
         pass
     if state is None:
         return
-    writer = _writer
-    if writer is not None:  # `emit(Request(...))`, without NamedTuple's Python-level __new__: once per request
-        writer.emit(
-            _new_tuple(
-                Request,
-                (
-                    state.request_id,
-                    state.route,
-                    state.start_ns,
-                    now_ns() if end_ns is None else end_ns,
-                    state.pid,
-                    state.cpu_ns,
-                    state.status_code,
-                    state.attrs or NO_ATTRS,
-                ),
-            )
+    emit(
+        Request(
+            state.request_id,
+            state.route,
+            state.start_ns,
+            now_ns() if end_ns is None else end_ns,
+            state.pid,
+            state.cpu_ns,
+            state.status_code,
+            state.attrs or NO_ATTRS,
         )
+    )
 
 
 #: `record(..., parent_id=ROOT)`: hang the segment off the request root, whatever is open.
