@@ -12,7 +12,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from recording import ListWriter
+from recording import recording
 
 openai = pytest.importorskip("openai")
 
@@ -46,12 +46,8 @@ def client(provider):
 @pytest.fixture
 def recorded():
     hook.install()
-    writer = ListWriter()
-    runtime.start(writer)
-    try:
-        yield writer.events
-    finally:
-        runtime.stop()
+    with recording() as events:
+        yield events
 
 
 def in_request(fn):

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from recording import ListWriter
+from recording import recording
 
 from latprof.capture.reader import read_captures
 from latprof.collectors import runtime
@@ -68,14 +68,12 @@ from latprof.collectors import sqlalchemy as hook
 
 @pytest.fixture
 def recorded():
-    writer = ListWriter()
-    runtime.start(writer)
-    assert hook.install() is True
-    try:
-        yield writer.events
-    finally:
-        hook.uninstall()
-        runtime.stop()
+    with recording() as events:
+        assert hook.install() is True
+        try:
+            yield events
+        finally:
+            hook.uninstall()
 
 
 @pytest.fixture(scope="module")
