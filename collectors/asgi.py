@@ -2,14 +2,20 @@
 
 One request root per HTTP request, backdated to when its bytes reached the server's socket:
 
-- **Where it hooks.** `RequestResponseCycle.run_asgi` and `.send` of uvicorn's protocol
-  implementations. uvicorn builds one cycle per request the moment it has parsed the request
-  head, on the loop, and calls `run_asgi` right there to create the request's task; the cycle
-  holds the transport (so the socket) and the scope. `run_asgi` returns the request's
-  coroutine inside a proxy (`asyncio_loop.TimedCoroutine`) that opens the request on its first
-  step and closes it; `send` sees the status and the end of the response. Nothing is added to
-  the scope, the headers or the messages the application sees. `anyio.to_thread.run_sync`
+- **Where it hooks.** `RequestResponseCycle.run_asgi` of uvicorn's protocol implementations.
+  uvicorn builds one cycle per request the moment it has parsed the request head, on the
+  loop, and calls `run_asgi` right there to create the request's task; the cycle holds the
+  transport (so the socket) and the scope. For a recorded request, `run_asgi` returns the
+  request's coroutine inside a proxy (`asyncio_loop.TimedCoroutine`) that opens the request
+  on its first step and closes it, and wraps that cycle's `send` (an instance attribute, gone
+  again after the last body), which sees the status and the end of the response. Nothing is
+  added to the scope, the headers or the messages the application sees. `anyio.to_thread.run_sync`
   (Starlette's and FastAPI's thread pool) is wrapped to time the wait for a worker thread.
+- **Which requests.** Every request, up to about `latprof run --max-rate` a second per
+  process (`runtime.Sampler`); above that a random 1 in k, whose root carries
+  `latprof.sample_weight` = k. A request not in the sample runs untouched: `run_asgi`
+  returns its coroutine as it is (the cost is the sampler's decision), and the other hooks
+  see no current request in its context.
 - **Start.** On Linux `getsockopt(TCP_INFO)` on the connection gives `tcpi_last_data_recv`
   (u32 at byte 52: milliseconds since data last arrived, counted in kernel ticks of 1-10 ms),
   read when uvicorn hands the request over. The start is backdated by that, less one tick
@@ -51,12 +57,13 @@ import os
 import sys
 import threading
 import time
+import types
 from typing import Any, Callable
 
 from latprof.collectors import asyncio_loop, runtime
 from latprof.events import QualityRecord
 from latprof.layers import EVENT_LOOP, QUEUE
-from latprof.semconv import NOTE_CLOCK, NOTE_WARNING, QUEUE_SOURCE
+from latprof.semconv import NOTE_CLOCK, NOTE_WARNING, QUEUE_SOURCE, SAMPLE_WEIGHT
 
 HOOK = "asgi"
 
@@ -155,7 +162,15 @@ def _patch_uvicorn(module: Any) -> None:
         if not runtime.active():
             return coro
         try:
-            return _track(self, coro)
+            weight = runtime.sampler()
+            if not weight:  # not in the sample: the request runs untouched
+                return coro
+            tracked = _track(self, coro, weight)
+            if tracked is not coro:
+                # Only this cycle's `send` is wrapped (the coroutine looks it up when it runs):
+                # requests outside the sample do not pay for a wrapper.
+                self.__dict__["send"] = types.MethodType(send, self)
+            return tracked
         except Exception as exc:
             runtime.count_error(HOOK, exc)
             return coro
@@ -171,6 +186,8 @@ def _patch_uvicorn(module: Any) -> None:
         # noting the message now, without a coroutine of our own, costs the service less.
         try:
             _sent(request, message)
+            if request.done:  # the response is out: unwrap, and so break the cycle -> method -> cycle loop
+                self.__dict__.pop("send", None)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
         return original_send(self, message)
@@ -182,7 +199,6 @@ def _patch_uvicorn(module: Any) -> None:
     if hasattr(inspect, "markcoroutinefunction"):  # 3.12+: introspection still sees an async send
         inspect.markcoroutinefunction(send)
     cls.run_asgi = run_asgi
-    cls.send = send
     setattr(cls, _PATCHED, True)
 
 
@@ -192,6 +208,8 @@ async def _send_when_writable(original_send: Callable[..., Any], cycle: Any, mes
     if not request.done:
         try:
             _sent(request, message)
+            if request.done:
+                cycle.__dict__.pop("send", None)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
 
@@ -236,10 +254,17 @@ class _Request(asyncio_loop.Owner):
         "status",
         "response_end_ns",
         "finished",
+        "weight",
     )
 
     def __init__(
-        self, scope: Any, monitor: asyncio_loop.LoopMonitor, read_ns: int, arrival_ns: int | None, header_ns: int | None
+        self,
+        scope: Any,
+        monitor: asyncio_loop.LoopMonitor,
+        read_ns: int,
+        arrival_ns: int | None,
+        header_ns: int | None,
+        weight: int = 1,
     ) -> None:
         super().__init__()
         self.scope = scope
@@ -253,9 +278,10 @@ class _Request(asyncio_loop.Owner):
         self.status: int | None = None
         self.response_end_ns = 0
         self.finished = False  # the root was emitted (or given up on)
+        self.weight = weight  # the requests this one stands for (runtime.Sampler)
 
 
-def _track(cycle: Any, coro: Any) -> Any:
+def _track(cycle: Any, coro: Any, weight: int = 1) -> Any:
     """Wrap the coroutine of the request uvicorn just parsed (called on the loop, in data_received)."""
     monitor = asyncio_loop.monitor(_get_running_loop())
     if monitor is None:
@@ -265,7 +291,7 @@ def _track(cycle: Any, coro: Any) -> Any:
     reference_ns = arrival_ns if arrival_ns is not None else read_ns
     scope = cycle.scope
     header_ns = _header_start(scope.get("headers"), reference_ns)
-    request = _Request(scope, monitor, read_ns, arrival_ns, header_ns)
+    request = _Request(scope, monitor, read_ns, arrival_ns, header_ns, weight)
     cycle.__dict__[_CYCLE_ATTR] = request
     monitor.request_started()
     return _RequestCoroutine(coro, request, monitor)
@@ -315,7 +341,8 @@ def _begin(request: _Request) -> None:
         arrival_ns = request.arrival_ns if request.arrival_ns is not None else request.read_ns
         start_ns = request.header_ns if request.header_ns is not None else arrival_ns
         asyncio_loop.adopt(request)
-        request.token, request.state = runtime.open_request(_PENDING_ROUTE, min(start_ns, handler_ns))
+        attrs = {SAMPLE_WEIGHT: request.weight} if request.weight > 1 else None
+        request.token, request.state = runtime.open_request(_PENDING_ROUTE, min(start_ns, handler_ns), attrs)
     except Exception as exc:
         request.finished = request.done = True
         request.monitor.request_finished()

@@ -48,6 +48,8 @@ def install_from_environment(environ: Mapping[str, str] = os.environ) -> list[st
     writer = CaptureWriter(path, source="run")
     runtime.start(writer)
     install_flush_on_signals(writer)
+    max_rate = _max_rate(environ.get(runtime.ENV_MAX_RATE))
+    runtime.configure_sampling(max_rate)
     wanted = environ.get(runtime.ENV_HOOKS, "all")
     available = hook_names()
     names = available if wanted in ("", "all") else [n for n in wanted.split(",") if n in available]
@@ -60,10 +62,24 @@ def install_from_environment(environ: Mapping[str, str] = os.environ) -> list[st
             runtime.pid(),
             ", ".join(installed) or "no hooks",
             1,
-            {"collectors": installed, "executable": sys.executable},
+            {"collectors": installed, "executable": sys.executable, "max_rate": max_rate},
         )
     )
     return installed
+
+
+def _max_rate(value: str | None) -> float:
+    """`$LATPROF_MAX_RATE` as a number of requests a second (0: record all); the default when unset or bad."""
+    if value is None or not value.strip():
+        return runtime.DEFAULT_MAX_RATE
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = -1.0
+    if not 0 <= rate < float("inf"):
+        runtime.count_error("bootstrap", ValueError(f"{runtime.ENV_MAX_RATE}={value!r} is not a rate; using the default"))
+        return runtime.DEFAULT_MAX_RATE
+    return rate
 
 
 def _announce_after_fork() -> None:
@@ -76,7 +92,12 @@ def _announce_after_fork() -> None:
                 runtime.pid(),
                 "inherited from the parent process",
                 1,
-                {"collectors": list(_installed), "executable": sys.executable, "forked": True},
+                {
+                    "collectors": list(_installed),
+                    "executable": sys.executable,
+                    "forked": True,
+                    "max_rate": runtime.sampler.max_rate,
+                },
             )
         )
 

@@ -20,19 +20,23 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import itertools
+import math
 import os
+import random
 import sys
 import threading
 import time
 import types
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from latprof import semconv
 from latprof.events import NO_ATTRS, Event, Gauge, QualityRecord, Request, Segment
 from latprof.semconv import LAST_ERROR, NOTE_ERROR
 
 #: Environment variables `latprof run` sets for the processes it starts.
 ENV_CAPTURE = "LATPROF_CAPTURE"  # path of the capture file every process appends to
 ENV_HOOKS = "LATPROF_HOOKS"  # comma-separated hook names, or "all"
+ENV_MAX_RATE = "LATPROF_MAX_RATE"  # requests recorded per second per process, at most about; 0: all
 
 #: How often a hook's swallowed errors are written as a quality record, at most.
 ERROR_REPORT_INTERVAL_S = 1.0
@@ -118,6 +122,89 @@ def emit(event: Event) -> None:
     writer = _writer
     if writer is not None:
         writer.emit(event)
+
+
+# --- which requests to record ------------------------------------------------------------------
+
+#: Requests recorded per second and process, at most about, unless `latprof run --max-rate`
+#: says otherwise.
+DEFAULT_MAX_RATE = semconv.DEFAULT_MAX_RATE
+#: The arrival rate that sets the sampling stride is measured over windows this long.
+SAMPLING_WINDOW_NS = 250_000_000
+
+
+class Sampler:
+    """Which inbound requests to record: every one up to `max_rate` a second, above that a random 1 in k.
+
+    Call it once per arriving request: 0 means do not record it, otherwise record it with
+    that weight. The stride k of a window is the arrival rate of the window before divided
+    by `max_rate`, rounded up; each request is recorded with chance 1/k and weight k. The
+    choice never looks at the request (its route, its latency), so the recorded requests,
+    each counted k times, are an unbiased estimate of every request of the process: its
+    count, its percentiles, its slowest 1% (Horvitz-Thompson; the analysis weighs by
+    `latprof.sample_weight`). A burst that would record more than twice a window's budget
+    ends the window at once. `max_rate` 0 records every request.
+
+    Not locked: threads that race on the counters only make the rate estimate a little off.
+    """
+
+    __slots__ = ("max_rate", "stride", "seen", "window_start", "window_end", "limit", "_window_ns", "_clock", "_random")
+
+    def __init__(
+        self,
+        max_rate: float = DEFAULT_MAX_RATE,
+        *,
+        window_ns: int = SAMPLING_WINDOW_NS,
+        clock: Callable[[], int] = time.monotonic_ns,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.max_rate = max_rate
+        self._window_ns = window_ns
+        self._clock = clock
+        self._random = rng
+        self.stride = 1
+        self.seen = 0
+        self.window_start = self.window_end = 0
+        self.limit = 0
+        self._new_window(clock())
+
+    def __call__(self) -> int:
+        if self.max_rate <= 0:
+            return 1
+        now = self._clock()
+        if now >= self.window_end or self.seen >= self.limit:
+            self._roll(now)
+        self.seen += 1
+        stride = self.stride
+        if stride == 1:
+            return 1
+        return stride if self._random() * stride < 1.0 else 0
+
+    def _roll(self, now: int) -> None:
+        """Set the stride from the rate of the window that ends now, and start the next one."""
+        if now - self.window_end >= self._window_ns:  # a whole window without a request since
+            self.stride = 1
+        else:
+            rate = self.seen * 1e9 / max(now - self.window_start, 1_000_000)
+            self.stride = max(1, math.ceil(rate / self.max_rate - 1e-9))
+        self._new_window(now)
+
+    def _new_window(self, now: int) -> None:
+        self.seen = 0
+        self.window_start = now
+        self.window_end = now + self._window_ns
+        budget = self.max_rate * self._window_ns / 1e9  # requests to record per window
+        self.limit = max(16, math.ceil(2 * budget * self.stride))
+
+
+#: The sampler of inbound hooks; `configure_sampling` replaces it.
+sampler = Sampler()
+
+
+def configure_sampling(max_rate: float) -> None:
+    """Record about `max_rate` requests a second in this process at most (0: every request)."""
+    global sampler
+    sampler = Sampler(max_rate)
 
 
 # --- ids and clocks ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ them. Times inside a request are integer nanoseconds; everything reported is mil
 
 from __future__ import annotations
 
+import bisect
 import math
 import operator
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 from latprof.events import Segment
 from latprof.genai import UnstreamedSplitter, decode_ms_per_token, is_unstreamed
 from latprof.layers import APP, LAYERS, MODEL, UNATTRIBUTED, effective_layer
+from latprof.semconv import SAMPLE_WEIGHT
 from latprof.timeline import RequestTimeline, Timeline
 
 NS_PER_MS = 1_000_000
@@ -24,6 +26,8 @@ MIN_REQUESTS_FOR_VERDICT = 50
 #: A tail is worth explaining when p99 is at least this many times p50 (report-v1).
 TAIL_RATIO = 2.0
 DEFAULT_WARMUP_S = 2.0
+#: A sample weight above this is not believed (the request counts once).
+MAX_SAMPLE_WEIGHT = 1_000_000
 
 _ROOT = object()  # key of the request root among segment parents
 
@@ -198,6 +202,23 @@ def skip_warmup(requests: Sequence[RequestTimeline], warmup_s: float) -> tuple[l
     return kept, len(requests) - len(kept)
 
 
+def sample_weight(rt: RequestTimeline) -> int:
+    """The requests `rt` stands for: its root's `latprof.sample_weight` (recorded as a 1-in-k
+    random sample), 1 when absent or not a believable whole number."""
+    value = rt.request.attrs.get(SAMPLE_WEIGHT) if rt.request.attrs else None
+    if value is None or isinstance(value, bool):
+        return 1
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and 1 <= value <= MAX_SAMPLE_WEIGHT else 1
+
+
+def weights_of(requests: Sequence[RequestTimeline]) -> list[int] | None:
+    """Each request's sample weight, or None when every request counts once (nothing was sampled)."""
+    weights = [sample_weight(rt) for rt in requests]
+    return weights if any(w != 1 for w in weights) else None
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Return the q-th percentile (0-100) of ascending values, linearly interpolated (numpy's default)."""
     if not sorted_values:
@@ -222,6 +243,34 @@ def _percentile_with_zeros(sorted_nonzero: Sequence[float], zeros: int, q: float
     return at(lo) + (at(hi) - at(lo)) * (pos - lo)
 
 
+def weighted_percentile(sorted_values: Sequence[float], cumulative: Sequence[int], q: float, zeros: int = 0) -> float:
+    """`percentile` of the list in which each of `sorted_values` appears as often as its weight,
+    after `zeros` zeros, without building that list. `cumulative[i]` is the sum of the weights
+    of `sorted_values[: i + 1]`. Integer weights k give exactly what k copies would."""
+    n = zeros + (cumulative[-1] if cumulative else 0)
+    if n <= 0:
+        raise ValueError("percentile of no values")
+    pos = (n - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+
+    def at(i: int) -> float:
+        return 0.0 if i < zeros else sorted_values[bisect.bisect_right(cumulative, i - zeros)]
+
+    return at(lo) + (at(hi) - at(lo)) * (pos - lo)
+
+
+def _sorted_with_cumulative(values: Sequence[float], weights: Sequence[int]) -> tuple[list[float], list[int]]:
+    pairs = sorted(zip(values, weights))
+    ordered = [v for v, _ in pairs]
+    cumulative = []
+    total = 0
+    for _, w in pairs:
+        total += w
+        cumulative.append(total)
+    return ordered, cumulative
+
+
 @dataclass(frozen=True, slots=True)
 class LatencySummary:
     """End-to-end latency of the requests analysed, measured from arrival at the socket."""
@@ -234,10 +283,24 @@ class LatencySummary:
     mean_ms: float
 
 
-def summarize_latency(latencies_ms: Sequence[float]) -> LatencySummary | None:
-    """Return p50/p90/p99/max/mean of the latencies, or None when there are none."""
+def summarize_latency(latencies_ms: Sequence[float], weights: Sequence[int] | None = None) -> LatencySummary | None:
+    """Return p50/p90/p99/max/mean of the latencies, or None when there are none.
+
+    With `weights`, each latency counts as many times as its weight (`count` is their sum).
+    """
     if not latencies_ms:
         return None
+    if weights is not None:
+        ordered, cumulative = _sorted_with_cumulative(latencies_ms, weights)
+        total = cumulative[-1]
+        return LatencySummary(
+            count=total,
+            p50_ms=weighted_percentile(ordered, cumulative, 50),
+            p90_ms=weighted_percentile(ordered, cumulative, 90),
+            p99_ms=weighted_percentile(ordered, cumulative, 99),
+            max_ms=ordered[-1],
+            mean_ms=sum(v * w for v, w in zip(latencies_ms, weights)) / total,
+        )
     ordered = sorted(latencies_ms)
     return LatencySummary(
         count=len(ordered),
@@ -255,6 +318,8 @@ class Cohorts:
 
     `median`: requests ranked between p40 and p60; `tail`: the slowest 1% (at least 3);
     `tail5`: the slowest 5% (at least 3). Each is ordered slowest first where it is a tail.
+    A sampled request (weight k) stands for k requests of equal latency: its index appears
+    once for each of them inside the cohort, so a mean over a cohort is a weighted mean.
     """
 
     median: tuple[int, ...]
@@ -262,12 +327,14 @@ class Cohorts:
     tail5: tuple[int, ...]
 
 
-def cohorts(latencies_ms: Sequence[float]) -> Cohorts:
+def cohorts(latencies_ms: Sequence[float], weights: Sequence[int] | None = None) -> Cohorts:
     """Rank requests by latency and pick the median, 1% and 5% cohorts (report-v1)."""
     n = len(latencies_ms)
     if n == 0:
         return Cohorts((), (), ())
     order = sorted(range(n), key=latencies_ms.__getitem__)
+    if weights is not None:
+        return _weighted_cohorts(order, weights)
     lo = math.floor(0.4 * (n - 1))
     hi = math.ceil(0.6 * (n - 1))
     tail_n = min(n, max(3, math.ceil(0.01 * n)))
@@ -277,6 +344,38 @@ def cohorts(latencies_ms: Sequence[float]) -> Cohorts:
         median=tuple(order[lo : hi + 1]),
         tail=tuple(slowest_first[:tail_n]),
         tail5=tuple(slowest_first[:tail5_n]),
+    )
+
+
+def _weighted_cohorts(order: Sequence[int], weights: Sequence[int]) -> Cohorts:
+    """`cohorts` over the list in which request i appears weights[i] times (`order`: fastest first)."""
+    total = sum(weights)
+    lo = math.floor(0.4 * (total - 1))
+    hi = math.ceil(0.6 * (total - 1))
+    median: list[int] = []
+    position = 0  # expanded rank of the request's first copy
+    for i in order:
+        w = weights[i]
+        first, last = max(position, lo), min(position + w - 1, hi)
+        if last >= first:
+            median.extend([i] * (last - first + 1))
+        position += w
+        if position > hi:
+            break
+
+    def slowest(count: int) -> tuple[int, ...]:
+        out: list[int] = []
+        for i in reversed(order):
+            take = min(weights[i], count - len(out))
+            out.extend([i] * take)
+            if len(out) >= count:
+                break
+        return tuple(out)
+
+    return Cohorts(
+        median=tuple(median),
+        tail=slowest(min(total, max(3, math.ceil(0.01 * total)))),
+        tail5=slowest(min(total, max(3, math.ceil(0.05 * total)))),
     )
 
 
@@ -299,12 +398,17 @@ class LayerStats:
         return self.mean_ms > 0
 
 
-def layer_stats(breakdowns: Sequence[Mapping[str, float]], groups: Cohorts) -> dict[str, LayerStats]:
+def layer_stats(
+    breakdowns: Sequence[Mapping[str, float]], groups: Cohorts, weights: Sequence[int] | None = None
+) -> dict[str, LayerStats]:
     """Return every layer's stats, in vocabulary order; layers a request lacks count as 0 ms.
 
     `tail_excess_ms` is the layer's mean in the tail cohort minus its mean in the median
-    cohort; shares sum to 1 over the layers with positive excess (report-v1).
+    cohort; shares sum to 1 over the layers with positive excess (report-v1). With
+    `weights`, each request counts as many times as its weight.
     """
+    if weights is not None:
+        return _weighted_layer_stats(breakdowns, groups, weights)
     n = len(breakdowns)
     # Percentiles need every request's value, but most requests have no time in most layers:
     # sort only the non-zero values and account for the zeros by position.
@@ -340,12 +444,50 @@ def layer_stats(breakdowns: Sequence[Mapping[str, float]], groups: Cohorts) -> d
     }
 
 
-def coverage(breakdowns: Iterable[Mapping[str, float]]) -> float | None:
+def _weighted_layer_stats(
+    breakdowns: Sequence[Mapping[str, float]], groups: Cohorts, weights: Sequence[int]
+) -> dict[str, LayerStats]:
+    n = sum(weights)
+    nonzero: dict[str, list[tuple[float, int]]] = {layer: [] for layer in LAYERS}
+    for breakdown, w in zip(breakdowns, weights):
+        for layer, value in breakdown.items():
+            nonzero[layer].append((value, w))
+
+    def mean_of(layer: str, idx: tuple[int, ...]) -> float:
+        return sum(breakdowns[i].get(layer, 0.0) for i in idx) / len(idx) if idx else 0.0
+
+    raw: dict[str, tuple[float, float, float, float, float, float, float]] = {}
+    for layer, seen in nonzero.items():
+        if not seen:
+            raw[layer] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            continue
+        ordered, cumulative = _sorted_with_cumulative([v for v, _ in seen], [w for _, w in seen])
+        zeros = n - cumulative[-1]
+        median_mean = mean_of(layer, groups.median)
+        tail_mean = mean_of(layer, groups.tail)
+        raw[layer] = (
+            weighted_percentile(ordered, cumulative, 50, zeros),
+            weighted_percentile(ordered, cumulative, 99, zeros),
+            sum(v * w for v, w in seen) / n,
+            median_mean,
+            tail_mean,
+            tail_mean - median_mean,
+            mean_of(layer, groups.tail5) - median_mean,
+        )
+    positive = sum(r[5] for r in raw.values() if r[5] > 0)
+    return {
+        layer: LayerStats(layer, *r, share_of_tail_excess=(r[5] / positive if r[5] > 0 and positive else 0.0))
+        for layer, r in raw.items()
+    }
+
+
+def coverage(breakdowns: Iterable[Mapping[str, float]], weights: Sequence[int] | None = None) -> float | None:
     """Share of all request time that landed in a layer other than `unattributed`."""
     total = unattributed = 0.0
-    for b in breakdowns:
-        total += sum(b.values())
-        unattributed += b.get(UNATTRIBUTED, 0.0)
+    for i, b in enumerate(breakdowns):
+        w = 1 if weights is None else weights[i]
+        total += w * sum(b.values())
+        unattributed += w * b.get(UNATTRIBUTED, 0.0)
     return None if total <= 0 else (total - unattributed) / total
 
 
@@ -362,8 +504,16 @@ class Window:
 _WINDOW_SIZES_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
 
-def windows(requests: Sequence[RequestTimeline], latencies_ms: Sequence[float], max_windows: int = 60) -> list[Window]:
-    """Split the requests by arrival into at most `max_windows` equal windows of a round size."""
+def windows(
+    requests: Sequence[RequestTimeline],
+    latencies_ms: Sequence[float],
+    max_windows: int = 60,
+    weights: Sequence[int] | None = None,
+) -> list[Window]:
+    """Split the requests by arrival into at most `max_windows` equal windows of a round size.
+
+    With `weights`, a window's request count and p99 count each request as often as its weight.
+    """
     if not requests:
         return []
     starts = [rt.request.start_ns for rt in requests]
@@ -372,14 +522,20 @@ def windows(requests: Sequence[RequestTimeline], latencies_ms: Sequence[float], 
     size_s = next((w for w in _WINDOW_SIZES_S if span_s / w < max_windows), _WINDOW_SIZES_S[-1])
     origin = first - first % (size_s * NS_PER_S)
     count = int((last - origin) // (size_s * NS_PER_S)) + 1
-    buckets: list[list[float]] = [[] for _ in range(count)]
-    for start, latency in zip(starts, latencies_ms):
-        buckets[int((start - origin) // (size_s * NS_PER_S))].append(latency)
+    buckets: list[list[int]] = [[] for _ in range(count)]
+    for i, start in enumerate(starts):
+        buckets[int((start - origin) // (size_s * NS_PER_S))].append(i)
     out = []
-    for i, bucket in enumerate(buckets):
-        bucket.sort()
-        begin = (origin + i * size_s * NS_PER_S) / NS_PER_S
-        out.append(Window(begin, begin + size_s, len(bucket), percentile(bucket, 99) if bucket else None))
+    for k, bucket in enumerate(buckets):
+        begin = (origin + k * size_s * NS_PER_S) / NS_PER_S
+        if not bucket:
+            out.append(Window(begin, begin + size_s, 0, None))
+        elif weights is None:
+            values = sorted(latencies_ms[i] for i in bucket)
+            out.append(Window(begin, begin + size_s, len(values), percentile(values, 99)))
+        else:
+            ordered, cumulative = _sorted_with_cumulative([latencies_ms[i] for i in bucket], [weights[i] for i in bucket])
+            out.append(Window(begin, begin + size_s, cumulative[-1], weighted_percentile(ordered, cumulative, 99)))
     return out
 
 
@@ -410,9 +566,35 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     #: Segments by layer (None for layer-less markers), with the index of their request.
     by_layer: dict[str | None, LayerIndex] = field(default_factory=dict, repr=False)
+    #: How many requests each analysed request stands for (a random sample recorded 1 in k
+    #: of them with weight k); None when every request was recorded. Counts, percentiles,
+    #: cohorts and layer statistics above are weighted already; a rule that counts requests
+    #: itself weighs them with `weight(i)`.
+    weights: list[int] | None = None
 
     def layer(self, name: str) -> LayerStats:
         return self.layers[name]
+
+    def weight(self, i: int) -> int:
+        """How many requests the analysed request `i` stands for (1 unless it was sampled)."""
+        return 1 if self.weights is None else self.weights[i]
+
+    @property
+    def represented(self) -> int:
+        """How many requests the analysed ones stand for: their count, or the sum of their weights."""
+        return len(self.requests) if self.weights is None else sum(self.weights)
+
+    def distinct(self, which: str) -> list[int]:
+        """The indices of cohort `which` once each, in cohort order (a sampled request's index repeats)."""
+        return list(dict.fromkeys(getattr(self.groups, which)))
+
+    def example_request_ids(self, layer: str, n: int = 3, *, with_time_only: bool = False) -> list[str]:
+        """Ids of the `n` tail-cohort requests with the most time in `layer` (slowest first on ties)."""
+        tail = self.distinct("tail")
+        if with_time_only:
+            tail = [i for i in tail if self.breakdowns[i].get(layer)]
+        ranked = sorted(tail, key=lambda i: -self.breakdowns[i].get(layer, 0.0))[:n]
+        return [self.requests[i].request.request_id for i in ranked]
 
     @property
     def has_tail(self) -> bool:
@@ -475,18 +657,34 @@ def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analys
             index(i, kept[i].segments)
         split_warnings = splitter.warnings()
     latencies = [(rt.request.end_ns - rt.request.start_ns) / NS_PER_MS for rt in kept]
-    groups = cohorts(latencies)
+    weights = weights_of(timeline.requests)
+    if weights is not None:
+        skipped = sum(map(sample_weight, timeline.requests)) - sum(map(sample_weight, kept))
+        weights = [sample_weight(rt) for rt in kept]
+        sampled = [_sampling_warning(len(kept), sum(weights))]
+    else:
+        sampled = []
+    groups = cohorts(latencies, weights)
     return Analysis(
         timeline=timeline,
         requests=kept,
         breakdowns=breakdowns,
         latencies_ms=latencies,
-        latency=summarize_latency(latencies),
+        latency=summarize_latency(latencies, weights),
         groups=groups,
-        layers=layer_stats(breakdowns, groups),
-        windows=windows(kept, latencies),
+        layers=layer_stats(breakdowns, groups, weights),
+        windows=windows(kept, latencies, weights=weights),
         warmup_skipped=skipped,
-        coverage=coverage(breakdowns),
-        warnings=list(timeline.warnings) + split_warnings,
+        coverage=coverage(breakdowns, weights),
+        warnings=list(timeline.warnings) + sampled + split_warnings,
         by_layer=by_layer,
+        weights=weights,
+    )
+
+
+def _sampling_warning(recorded: int, represented: int) -> str:
+    return (
+        f"sampled: {recorded:,} requests recorded stand for about {represented:,} (above `latprof run --max-rate`"
+        " requests a second per process the hooks record a random sample); counts, percentiles, cohorts and"
+        " layer times weigh each recorded request by the requests it stands for"
     )

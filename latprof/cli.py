@@ -14,6 +14,7 @@ import click
 from latprof import __version__, renderers
 from latprof.analysis import DEFAULT_WARMUP_S
 from latprof.errors import CollectorError, ConfigError, InputError, LatprofError
+from latprof.semconv import DEFAULT_MAX_RATE
 
 # Exit codes: 0 ok, 1 a failed check, 2 usage/input/config errors, 3 a latprof bug.
 EXIT_INTERNAL = 3
@@ -126,6 +127,15 @@ def _emit(write: Any, output: Path | None) -> None:
     metavar="NAMES",
     help="Comma-separated hooks to load (asgi, asyncio_loop, openai, sqlalchemy), or all.",
 )
+@click.option(
+    "--max-rate",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_MAX_RATE,
+    show_default=True,
+    metavar="N",
+    help="Record at most about N requests a second per process; above that a random sample of them,"
+    " each weighted by the requests it stands for. 0 records every request.",
+)
 @_warmup_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -136,6 +146,7 @@ def run(
     output: Path | None,
     no_report: bool,
     hooks: str,
+    max_rate: float,
     warmup_s: float,
     cmd: tuple[str, ...],
 ) -> None:
@@ -155,7 +166,7 @@ def run(
         if unknown:
             raise ConfigError(f"--hooks: no hook {', '.join(unknown)} (known: {', '.join(known)})")
     capture = out or Path(time.strftime("latprof-%Y%m%d-%H%M%S.jsonl"))
-    code = run_with_hooks(cmd, capture, hooks=",".join(wanted))
+    code = run_with_hooks(cmd, capture, hooks=",".join(wanted), max_rate=max_rate)
     if not processes_with_hooks(capture):
         raise CollectorError(
             f"no process of `{' '.join(cmd)}` loaded latprof's hooks (it exited with {code}): latprof must be"

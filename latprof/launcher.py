@@ -16,6 +16,7 @@ from latprof.errors import InputError
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 ENV_CAPTURE = "LATPROF_CAPTURE"
 ENV_HOOKS = "LATPROF_HOOKS"
+ENV_MAX_RATE = "LATPROF_MAX_RATE"
 
 #: Signals sent to `latprof run` that go on to the command.
 FORWARDED_SIGNALS = tuple(
@@ -29,16 +30,23 @@ def available_hooks() -> list[str]:
     return list(bootstrap.hook_names())
 
 
-def hooked_environment(capture: Path, hooks: str = "all", environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The command's environment: where to record, which hooks, and latprof's sitecustomize first."""
+def hooked_environment(
+    capture: Path, hooks: str = "all", environ: dict[str, str] | None = None, max_rate: float | None = None
+) -> dict[str, str]:
+    """The command's environment: where to record, which hooks, how many requests a second at
+    most (None: the hooks' default; 0: all), and latprof's sitecustomize first."""
     env = dict(os.environ if environ is None else environ)
     env[ENV_CAPTURE] = str(capture.resolve())
     env[ENV_HOOKS] = hooks
+    if max_rate is not None:
+        env[ENV_MAX_RATE] = f"{max_rate:g}"
+    else:
+        env.pop(ENV_MAX_RATE, None)
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 
 
-def run_with_hooks(cmd: Sequence[str], capture: Path, hooks: str = "all") -> int:
+def run_with_hooks(cmd: Sequence[str], capture: Path, hooks: str = "all", max_rate: float | None = None) -> int:
     """Run `cmd` recording into `capture`; return its exit code (128 + N when killed by signal N).
 
     The command runs in its own process group, and the signals in `FORWARDED_SIGNALS` that
@@ -46,7 +54,7 @@ def run_with_hooks(cmd: Sequence[str], capture: Path, hooks: str = "all") -> int
     the service sees one SIGINT, not two.
     """
     capture.parent.mkdir(parents=True, exist_ok=True)
-    env = hooked_environment(capture, hooks)
+    env = hooked_environment(capture, hooks, max_rate=max_rate)
     group: dict[str, object] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     try:
         proc = subprocess.Popen(list(cmd), env=env, **group)  # type: ignore[call-overload]

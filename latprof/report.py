@@ -262,7 +262,7 @@ def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
     window = {
         "start_unix_s": min(rt.request.start_ns for rt in requests) / NS_PER_S if requests else None,
         "end_unix_s": max(rt.request.end_ns for rt in requests) / NS_PER_S if requests else None,
-        "requests": len(requests),
+        "requests": analysis.represented,
     }
     latency = (
         None
@@ -279,6 +279,8 @@ def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
         "coverage": None if analysis.coverage is None else round(analysis.coverage, 4),
         "idle_share": None,
         "warmup_requests_skipped": analysis.warmup_skipped,
+        # Requests recorded (a random sample of `window.requests` above `latprof run --max-rate`).
+        "recorded_requests": len(requests),
         "overhead": _overhead(analysis),
         "warnings": list(analysis.warnings) + [f.summary for f in findings if f.crashed],
     }

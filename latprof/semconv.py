@@ -40,6 +40,14 @@ CONNECT_MS: Final = "latprof.db.connect_ms"
 #: str on a `queue` segment: what the request queued in (backlog, threadpool, limiter, header).
 QUEUE_SOURCE: Final = "latprof.queue.source"
 
+#: int on a request root recorded as a random sample: the requests it stands for (1 / its
+#: chance of being recorded). Absent means 1. The analysis weighs the request by it.
+SAMPLE_WEIGHT: Final = "latprof.sample_weight"
+#: Requests a second per process above which the hooks record a random sample (the default
+#: of `latprof run --max-rate`). Recording a request costs a saturated asyncio server about
+#: 40 us of CPU on its loop: this many a second is about 1% of a core.
+DEFAULT_MAX_RATE: Final = 250.0
+
 #: str on a NOTE_ERROR record: the text of the last error a collector swallowed.
 LAST_ERROR: Final = "latprof.last_error"
 

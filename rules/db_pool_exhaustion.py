@@ -78,11 +78,7 @@ class DbPoolExhaustion(Rule):
         evidence.update(_pool_gauges(analysis))
         held = _held_across_llm(analysis, t.min_llm_overlap_ratio)
         evidence.update(held)
-        tail = analysis.cohort("tail")
-        examples = sorted(
-            range(len(tail)), key=lambda i: -analysis.breakdowns[analysis.groups.tail[i]].get(DB_POOL, 0.0)
-        )[:3]
-        evidence["example_request_ids"] = [tail[i].request.request_id for i in examples]
+        evidence["example_request_ids"] = analysis.example_request_ids(DB_POOL)
 
         size_note = ""
         if "pool_max" in evidence and "peak_in_use" in evidence:
@@ -141,23 +137,24 @@ def _pool_gauges(analysis: Analysis) -> dict[str, float]:
 
 def _held_across_llm(analysis: Analysis, min_overlap: float) -> dict[str, float]:
     """How many requests held a pooled connection across an LLM call, and for how long."""
-    holders = across = 0
+    holders = across = 0  # requests (sampled ones count as the requests they stand for)
     hold_ns = llm_in_hold_ns = 0
-    for rt in analysis.requests:
+    for i, rt in enumerate(analysis.requests):
         holds = [s for s in rt.segments if s.name == SEGMENT_CONNECTION_HOLD]
         if not holds:
             continue
-        holders += 1
+        w = analysis.weight(i)
+        holders += w
         llm = [s for s in rt.segments if s.layer in (PROVIDER, MODEL)]
         request_across = False
         for hold in holds:
-            hold_ns += hold.end_ns - hold.start_ns
+            hold_ns += w * (hold.end_ns - hold.start_ns)
             inside = sum(max(0, min(hold.end_ns, s.end_ns) - max(hold.start_ns, s.start_ns)) for s in llm)
-            llm_in_hold_ns += inside
+            llm_in_hold_ns += w * inside
             total_llm = sum(s.end_ns - s.start_ns for s in llm)
             if total_llm and inside / total_llm >= min_overlap:
                 request_across = True
-        across += request_across
+        across += w * request_across
     if not holders:
         return {}
     return {

@@ -105,11 +105,7 @@ class EventLoopBlocked(Rule):
             evidence["hot_frames"] = hot
             evidence["hot_frames_scope"] = scope
         if stats.seen:
-            tail = analysis.groups.tail
-            examples = sorted(tail, key=lambda i: -analysis.breakdowns[i].get(EVENT_LOOP, 0.0))[:3]
-            evidence["example_request_ids"] = [
-                analysis.requests[i].request.request_id for i in examples if analysis.breakdowns[i].get(EVENT_LOOP)
-            ]
+            evidence["example_request_ids"] = analysis.example_request_ids(EVENT_LOOP, with_time_only=True)
 
         if owns:
             summary = (

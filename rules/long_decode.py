@@ -123,8 +123,7 @@ class LongDecode(Rule):
                 models[model_of(segment)] += segment.end_ns - segment.start_ns
         evidence["tail_models"] = [m for m, _ in models.most_common() if m]
         evidence["tail_routes"] = sorted({rt.request.route for rt in tail})
-        order = sorted(range(len(tail)), key=lambda i: -analysis.breakdowns[analysis.groups.tail[i]].get(MODEL, 0.0))
-        evidence["example_request_ids"] = [tail[i].request.request_id for i in order[:3]]
+        evidence["example_request_ids"] = analysis.example_request_ids(MODEL)
 
         summary = (
             f"The slowest 1% of requests spent {fmt_ms(stats.tail_excess_ms)} longer generating after the first"

@@ -225,11 +225,7 @@ class ProviderFloor(Rule):
         evidence["provider_share_of_tail_excess"] = round(stats.share_of_tail_excess, 4)
         evidence["share_of_tail_excess"] = round(model_share, 4)
         if tail_owned:
-            tail = analysis.cohort("tail")
-            slowest = sorted(
-                range(len(tail)), key=lambda i: -analysis.breakdowns[analysis.groups.tail[i]].get(PROVIDER, 0.0)
-            )[:3]
-            evidence["example_request_ids"] = [tail[i].request.request_id for i in slowest]
+            evidence["example_request_ids"] = analysis.example_request_ids(PROVIDER)
 
         confidence = 0.5 + 0.3 * min(1.0, len(calls) / 100) + 0.2 * (fit.r_squared or 0.0)
         if tail_owned:

@@ -100,9 +100,7 @@ class RequestQueueing(Rule):
             evidence["peak_accept_queue"] = max(depth)
             evidence["mean_accept_queue"] = round(sum(depth) / len(depth), 3)
         evidence["peak_in_flight"] = _peak_in_flight(analysis)
-        tail = analysis.groups.tail
-        examples = sorted(tail, key=lambda i: -analysis.breakdowns[i].get(QUEUE, 0.0))[:3]
-        evidence["example_request_ids"] = [analysis.requests[i].request.request_id for i in examples]
+        evidence["example_request_ids"] = analysis.example_request_ids(QUEUE)
 
         top_source = ranked[0][0] if ranked else ""
         where = _SOURCE_PHRASES.get(top_source, f"'{top_source}'") if top_source else ""
@@ -136,13 +134,27 @@ def _peak_in_flight(analysis: Analysis) -> int:
     """The most analysed requests between arrival and response at any one instant (all processes).
 
     In flight at an arrival is every request that arrived at or before it and has not yet
-    ended; the peak is always at some arrival, so checking arrivals is enough.
+    ended; the peak is always at some arrival, so checking arrivals is enough. A sampled
+    request counts as the requests it stands for (an estimate, then).
     """
-    starts = sorted(rt.request.start_ns for rt in analysis.requests)
-    ends = sorted(rt.request.end_ns for rt in analysis.requests)
-    peak = 0
-    for n_started, start in enumerate(starts, 1):
-        # A request that ended exactly as another arrived is no longer in flight.
-        in_flight = n_started - bisect.bisect_right(ends, start)
-        peak = max(peak, in_flight)
+    if analysis.weights is None:
+        starts = sorted(rt.request.start_ns for rt in analysis.requests)
+        ends = sorted(rt.request.end_ns for rt in analysis.requests)
+        peak = 0
+        for n_started, start in enumerate(starts, 1):
+            # A request that ended exactly as another arrived is no longer in flight.
+            in_flight = n_started - bisect.bisect_right(ends, start)
+            peak = max(peak, in_flight)
+        return peak
+    # Weighted sweep: at equal times an end comes before an arrival (as bisect_right above).
+    changes = []
+    for i, rt in enumerate(analysis.requests):
+        w = analysis.weight(i)
+        changes.append((rt.request.start_ns, 1, w))
+        changes.append((rt.request.end_ns, 0, -w))
+    changes.sort()
+    peak = level = 0
+    for _, _, delta in changes:
+        level += delta
+        peak = max(peak, level)
     return peak

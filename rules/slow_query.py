@@ -79,9 +79,7 @@ class SlowQuery(Rule):
         top = [s for s in statement_stats(analysis) if s.tail_excess_ms > 0][:_TOP_STATEMENTS]
         if top:
             evidence["statements"] = [s.evidence() for s in top]
-        tail = analysis.groups.tail
-        examples = sorted(tail, key=lambda i: -analysis.breakdowns[i].get(DB_QUERY, 0.0))[:3]
-        evidence["example_request_ids"] = [analysis.requests[i].request.request_id for i in examples]
+        evidence["example_request_ids"] = analysis.example_request_ids(DB_QUERY)
 
         summary = (
             f"The slowest 1% of requests spent {fmt_ms(stats.tail_excess_ms)} longer executing database statements"

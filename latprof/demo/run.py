@@ -95,11 +95,13 @@ def run_demo(
     progress: TextIO | None = sys.stderr,
     http: str = "auto",
     loop: str = "auto",
+    max_rate: float | None = None,
 ) -> DemoResult:
     """Run `scenario` end to end and diagnose it; the capture is kept at `capture`.
 
     `http` and `loop` are uvicorn's `--http` (h11, httptools) and `--loop` (asyncio, uvloop);
-    "auto" lets uvicorn pick (httptools and uvloop when installed).
+    "auto" lets uvicorn pick (httptools and uvloop when installed). `max_rate` is `latprof
+    run --max-rate` (None: its default, far above any scenario's rate).
     """
     spec = get_scenario(scenario)
     if http not in HTTP_IMPLEMENTATIONS:
@@ -141,7 +143,8 @@ def run_demo(
                 "LATPROF_DEMO_EXPORT_BLOCK_MS": str(spec.export_block_ms),
             }
             cmd = [
-                sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture), "--",
+                sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture),
+                *(["--max-rate", f"{max_rate:g}"] if max_rate is not None else []), "--",
                 sys.executable, "-m", "uvicorn", "latprof.demo.service:app", "--host", "127.0.0.1",
                 "--port", str(port), "--log-level", "warning", "--no-access-log",
                 "--http", http, "--loop", loop,

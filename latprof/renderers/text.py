@@ -64,7 +64,11 @@ def _header(report: Report) -> Text:
     window = report.window
     if window.get("requests") is not None and window.get("start_unix_s") is not None:
         span = window["end_unix_s"] - window["start_unix_s"]
-        text.append(f"\n{window['requests']:,} requests over {span:,.0f} s")
+        recorded = report.collection.get("recorded_requests")
+        if isinstance(recorded, int) and recorded != window["requests"]:
+            text.append(f"\n~{window['requests']:,} requests ({recorded:,} recorded) over {span:,.0f} s")
+        else:
+            text.append(f"\n{window['requests']:,} requests over {span:,.0f} s")
     lat = report.latency_ms
     if lat:
         text.append(

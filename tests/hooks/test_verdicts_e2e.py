@@ -192,3 +192,23 @@ def test_blocking_call(tmp_path: Path, http: str, loop: str) -> None:
     for i in blockers:
         assert held_ms(i) >= 250, analysis.requests[i].segments
         assert analysis.breakdowns[i].get(EVENT_LOOP, 0.0) < held_ms(i) / 2, analysis.breakdowns[i]
+
+
+@pytest.mark.slow
+def test_pool_held_across_llm_keeps_its_verdict_when_only_a_sample_is_recorded(tmp_path: Path) -> None:
+    # 11 requests/s with `--max-rate 6`: the hooks record about 1 request in 2 (or 3), weighted 2 (or 3).
+    result = run_demo(
+        "pool-held-across-llm", capture=tmp_path / "demo.jsonl", duration_s=DEMO_SECONDS, progress=None, max_rate=6
+    )
+    report = result.report
+    recorded, represented = report.collection["recorded_requests"], report.window["requests"]
+    print(f"sampled pool run: {recorded} recorded stand for {represented}; {result.load.sent} sent; verdict {report.verdict}")
+    assert result.load.errors == 0, result.load.error_samples
+    assert recorded <= 0.7 * represented
+    # Warm-up (2 s) is left out of the window: it holds about the rest of what was sent.
+    expected = result.load.sent * (DEMO_SECONDS - 2) / DEMO_SECONDS
+    assert 0.6 * expected <= represented <= 1.4 * expected, (represented, result.load.sent)
+    assert [w for w in report.collection["warnings"] if w.startswith("sampled:")]
+    _owns_tail(result, "db.pool", "db-pool-exhaustion")
+    (finding,) = [f for f in report.findings if f.rule == "db-pool-exhaustion"]
+    assert finding.evidence["held_across_llm_share"] >= 0.9

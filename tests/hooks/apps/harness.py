@@ -44,6 +44,9 @@ class Server:
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
     uds: bool = False  # listen on a unix socket instead of TCP
+    #: `latprof run --max-rate`: 0 records every request (these tests check each one); the
+    #: sampling tests set a rate.
+    max_rate: float = 0
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
 
@@ -60,7 +63,8 @@ class Server:
         self.port = free_port()
         listen = ["--uds", str(self.address)] if self.uds else ["--host", "127.0.0.1", "--port", str(self.port)]
         cmd = [
-            sys.executable, "-m", "latprof", "run", "--out", str(self.capture_path), "--no-report", "--",
+            sys.executable, "-m", "latprof", "run", "--out", str(self.capture_path), "--no-report",
+            "--max-rate", f"{self.max_rate:g}", "--",
             sys.executable, "-m", "uvicorn", self.app, *listen,
             "--loop", self.loop, "--http", self.http, "--log-level", "warning", "--no-access-log",
         ]  # fmt: skip
