@@ -3,17 +3,21 @@
     python benchmarks/bench_overhead.py [--rounds 6] [--seconds 4] [--connections 16]
                                         [--http httptools] [--loop uvloop]
 
-Two copies of `overhead_app.py` (FastAPI, an endpoint without I/O) run side by side: one
-plain, one with latprof's hooks loaded exactly as `latprof run` loads them (recording into a
-capture file). A closed-loop client keeps `--connections` keep-alive connections busy on one
-server at a time, alternating between them round by round (off, on, on, off, ...), so that
-the machine's noise hits both alike. The servers are pinned to CPU 0 and the client to CPU 1
-when the machine has two CPUs or more, so the service's CPU is the bottleneck: throughput
-is what the service can do, and the hooks' cost (their writer thread included) shows in it.
+Three copies of `overhead_app.py` (FastAPI, an endpoint without I/O) run side by side: one
+plain, and two with latprof's hooks loaded exactly as `latprof run` loads them (recording
+into a capture file): one as `latprof run` does by default (at most about 250 requests a
+second recorded, a weighted random sample above that), one with `--max-rate 0` (every
+request recorded). A closed-loop client keeps `--connections` keep-alive connections busy on
+one server at a time, rotating between them round by round (the order shifts every round), so
+that the machine's noise hits all alike. The servers are pinned to CPU 0 and the client to
+CPU 1 when the machine has two CPUs or more, so the service's CPU is the bottleneck:
+throughput is what the service can do, and the hooks' cost (their writer thread included)
+shows in it.
 
 Per configuration, the median over its rounds of: requests per second, client-side p50 and
-p99, and the server's CPU time per request (all its threads). The hooked server's capture is
-checked at the end: one request root per response, or the comparison is void.
+p99, and the server's CPU time per request (all its threads). The hooked servers' captures
+are checked at the end: with every request recorded, one request root per response; with a
+sample, the roots' weights must add up to the responses (within 10%), or the comparison is void.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import orjson
 import psutil
 
 from latprof.launcher import hooked_environment
+from latprof.semconv import DEFAULT_MAX_RATE, SAMPLE_WEIGHT
 
 HERE = Path(__file__).resolve().parent
 
@@ -134,9 +140,15 @@ def stop(server: Server) -> None:
             server.proc.wait()
 
 
-def count_roots(capture: Path) -> int:
+def count_roots(capture: Path) -> tuple[int, int]:
+    """(request roots, the requests they stand for: the sum of their sample weights)."""
+    roots = represented = 0
     with open(capture, "rb") as f:
-        return sum(1 for line in f if line.startswith(b'{"type":"request"'))
+        for line in f:
+            if line.startswith(b'{"type":"request"'):
+                roots += 1
+                represented += int(orjson.loads(line).get("attrs", {}).get(SAMPLE_WEIGHT, 1))
+    return roots, represented
 
 
 def main() -> None:
@@ -147,7 +159,10 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--http", default="httptools", choices=["h11", "httptools"])
     parser.add_argument("--loop", default="uvloop", choices=["asyncio", "uvloop"])
-    parser.add_argument("--hooks", default="all", help="the hooks of the hooked server, as for `latprof run --hooks`")
+    parser.add_argument("--hooks", default="all", help="the hooks of the hooked servers, as for `latprof run --hooks`")
+    parser.add_argument(
+        "--max-rate", type=float, default=DEFAULT_MAX_RATE, help="`latprof run --max-rate` of the sampled server"
+    )
     args = parser.parse_args()
 
     two_cpus = len(os.sched_getaffinity(0)) >= 2
@@ -155,41 +170,65 @@ def main() -> None:
     if client_cpu is not None:
         os.sched_setaffinity(0, {client_cpu})
     with tempfile.TemporaryDirectory(prefix="latprof-bench-") as tmp:
-        capture = Path(tmp) / "capture.jsonl"
+        sampled_capture = Path(tmp) / "sampled.jsonl"
+        all_capture = Path(tmp) / "all.jsonl"
         plain_env = {k: v for k, v in os.environ.items() if not k.startswith("LATPROF_")}
-        off = start_server("hooks off", plain_env, args.http, args.loop, server_cpu)
-        on = start_server("hooks on", hooked_environment(capture, args.hooks, environ=plain_env), args.http, args.loop, server_cpu)
+        servers = [
+            start_server("hooks off", plain_env, args.http, args.loop, server_cpu),
+            start_server(
+                "hooks on",
+                hooked_environment(sampled_capture, args.hooks, environ=plain_env, max_rate=args.max_rate),
+                args.http, args.loop, server_cpu,
+            ),
+            start_server(
+                "every request",
+                hooked_environment(all_capture, args.hooks, environ=plain_env, max_rate=0),
+                args.http, args.loop, server_cpu,
+            ),
+        ]  # fmt: skip
         try:
-            for r in range(args.rounds):  # off, on, on, off, off, on, ...
-                for server in (off, on) if r % 2 == 0 else (on, off):
+            for r in range(args.rounds):  # the order rotates: off, on, all / on, all, off / ...
+                for k in range(len(servers)):
+                    server = servers[(r + k) % len(servers)]
                     server.rounds.append(load(server, args.seconds, args.connections, args.warmup))
         finally:
-            stop(off)
-            stop(on)
-        roots = count_roots(capture)
-        measured_on = sum(int(r["requests"]) for r in on.rounds)
+            for server in servers:
+                stop(server)
+        sampled_roots, sampled_represented = count_roots(sampled_capture)
+        all_roots, _ = count_roots(all_capture)
+    off, on, every = servers
+    measured_on = sum(int(r["requests"]) for r in on.rounds)
+    measured_all = sum(int(r["requests"]) for r in every.rounds)
 
     print(
         f"python {sys.version.split()[0]}, uvicorn --http {args.http} --loop {args.loop}, {args.connections} connections,"
         f" {args.rounds} rounds x {args.seconds:g} s per configuration (pinned: {two_cpus})"
     )
-    print(f"{'':<12}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU us/req':>12}")
+    print(f"{'':<15}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU us/req':>12}")
     med = {}
-    for server in (off, on):
+    for server in servers:
         med[server.name] = {key: statistics.median(r[key] for r in server.rounds) for key in server.rounds[0]}
         m = med[server.name]
-        print(f"{server.name:<12}{m['rps']:>10.0f}{m['p50_ms']:>10.2f}{m['p99_ms']:>10.2f}{m['cpu_us']:>12.1f}")
-    a, b = med["hooks off"], med["hooks on"]
+        print(f"{server.name:<15}{m['rps']:>10.0f}{m['p50_ms']:>10.2f}{m['p99_ms']:>10.2f}{m['cpu_us']:>12.1f}")
+    a = med["hooks off"]
+    for name, label in (("hooks on", f"hooks on (--max-rate {args.max_rate:g})"), ("every request", "hooks on (--max-rate 0)")):
+        b = med[name]
+        print(
+            f"{label} vs off: {b['cpu_us'] - a['cpu_us']:+.1f} us CPU per request ({b['cpu_us'] / a['cpu_us'] - 1:+.1%}),"
+            f" throughput {b['rps'] / a['rps'] - 1:+.1%}, p50 {b['p50_ms'] / a['p50_ms'] - 1:+.1%}"
+        )
+        server = on if name == "hooks on" else every
+        per_round = [f"{x['rps'] / y['rps'] - 1:+.1%}" for x, y in zip(server.rounds, off.rounds)]
+        print(f"  throughput change per round: {', '.join(per_round)}")
+    # Warm-up requests are recorded too: the captures hold at least every measured request.
     print(
-        f"hooks on vs off: {b['cpu_us'] - a['cpu_us']:+.1f} us CPU per request ({b['cpu_us'] / a['cpu_us'] - 1:+.1%}),"
-        f" throughput {b['rps'] / a['rps'] - 1:+.1%}, p50 {b['p50_ms'] / a['p50_ms'] - 1:+.1%}"
+        f"capture check: sampled, {sampled_roots:,} roots standing for {sampled_represented:,} requests"
+        f" for {measured_on:,} measured (plus warm-up); every request, {all_roots:,} roots for {measured_all:,} measured"
     )
-    per_round = [f"{x['rps'] / y['rps'] - 1:+.1%}" for x, y in zip(on.rounds, off.rounds)]
-    print(f"throughput change per round pair: {', '.join(per_round)}")
-    # Warm-up requests are recorded too: at least every measured one must have its root.
-    print(f"capture check: {roots:,} request roots for {measured_on:,} measured requests (plus warm-up)")
-    if roots < measured_on:
-        raise SystemExit("bench_overhead: the hooked server recorded fewer requests than it served")
+    if all_roots < measured_all:
+        raise SystemExit("bench_overhead: the server recording every request recorded fewer than it served")
+    if sampled_represented < 0.9 * measured_on:
+        raise SystemExit("bench_overhead: the sampled server's weights stand for fewer requests than it served")
 
 
 if __name__ == "__main__":
