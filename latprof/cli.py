@@ -125,8 +125,15 @@ def _emit(write: Any, output: Path | None) -> None:
     default="all",
     show_default=True,
     metavar="NAMES",
-    help="Comma-separated hooks to load (asgi, asyncio_loop, openai, sqlalchemy), or all.",
+    help="Comma-separated hooks to load, or all (`--list` shows them).",
 )
+@click.option(
+    "--disable",
+    multiple=True,
+    metavar="NAMES",
+    help="Hooks not to load (comma-separated; may be repeated).",
+)
+@click.option("--list", "list_hooks", is_flag=True, help="List every hook and what it records, then exit.")
 @click.option(
     "--max-rate",
     type=click.FloatRange(min=0),
@@ -137,7 +144,7 @@ def _emit(write: Any, output: Path | None) -> None:
     " each weighted by the requests it stands for. 0 records every request.",
 )
 @_warmup_option
-@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -146,6 +153,8 @@ def run(
     output: Path | None,
     no_report: bool,
     hooks: str,
+    disable: tuple[str, ...],
+    list_hooks: bool,
     max_rate: float,
     warmup_s: float,
     cmd: tuple[str, ...],
@@ -156,15 +165,29 @@ def run(
     process it starts loads the hooks (no code change); signals sent to latprof go on to it;
     latprof exits with the command's exit code.
     """
-    from latprof.launcher import available_hooks, processes_with_hooks, run_with_hooks
+    from latprof.launcher import available_hooks, describe_hooks, processes_with_hooks, run_with_hooks
     from latprof.pipeline import run_diagnosis
 
+    if list_hooks:
+        for name, summary in describe_hooks():
+            click.echo(f"{name:<14} {summary}")
+        return
+    if not cmd:
+        raise click.UsageError("no command: `latprof run [OPTIONS] -- CMD ARGS...` (or `latprof run --list`)")
+    known = available_hooks()
     wanted = [name.strip() for name in hooks.split(",") if name.strip()]
     if wanted != ["all"]:
-        known = available_hooks()
         unknown = sorted(set(wanted) - set(known))
         if unknown:
             raise ConfigError(f"--hooks: no hook {', '.join(unknown)} (known: {', '.join(known)})")
+    disabled = {name.strip() for item in disable for name in item.split(",") if name.strip()}
+    if disabled:
+        unknown = sorted(disabled - set(known))
+        if unknown:
+            raise ConfigError(f"--disable: no hook {', '.join(unknown)} (known: {', '.join(known)})")
+        wanted = [name for name in (known if wanted == ["all"] else wanted) if name not in disabled]
+        if not wanted:
+            raise ConfigError("--disable: every hook is disabled; nothing would be recorded")
     capture = out or Path(time.strftime("latprof-%Y%m%d-%H%M%S.jsonl"))
     code = run_with_hooks(cmd, capture, hooks=",".join(wanted), max_rate=max_rate)
     if not processes_with_hooks(capture):

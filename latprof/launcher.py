@@ -30,6 +30,23 @@ def available_hooks() -> list[str]:
     return list(bootstrap.hook_names())
 
 
+def describe_hooks() -> list[tuple[str, str]]:
+    """(name, the first line of its module's documentation) of every hook, in name order.
+
+    Imports each hook module (cheap: a hook patches its library only when the service imports
+    it); a module that fails to import is listed with the error.
+    """
+    out = []
+    for name in available_hooks():
+        try:
+            module = importlib.import_module(f"latprof.collectors.{name}")
+            summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+        except Exception as exc:  # listed, not fatal: --list is how one finds out
+            summary = f"(cannot be imported: {type(exc).__name__}: {exc})"
+        out.append((name, summary))
+    return out
+
+
 def hooked_environment(
     capture: Path, hooks: str = "all", environ: dict[str, str] | None = None, max_rate: float | None = None
 ) -> dict[str, str]:

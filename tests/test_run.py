@@ -10,8 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-
 from latprof.capture.reader import read_captures
+from latprof.launcher import available_hooks
 
 # A service stand-in that records through the hooks' runtime, as a hook would: 120 requests,
 # every 20th slow at the provider.
@@ -159,4 +159,33 @@ def test_hooks_can_be_chosen_and_unknown_ones_are_refused(tmp_path):
     assert result.stdout.strip() == "['openai']"
     bad = latprof_run(tmp_path, "--hooks", "openai,gpu", "--", sys.executable, "-c", "pass")
     assert bad.returncode == 2
-    assert bad.stderr.strip().startswith("latprof: error: --hooks: no hook gpu (known: asgi, asyncio_loop, openai, sqlalchemy)")
+    known = ", ".join(available_hooks())
+    assert {"asgi", "asyncio_loop", "openai", "sqlalchemy"} <= set(available_hooks())
+    assert bad.stderr.strip() == f"latprof: error: --hooks: no hook gpu (known: {known})"
+
+
+def test_hooks_can_be_disabled(tmp_path):
+    probe = "from latprof.collectors import bootstrap; import sys; print(sorted(bootstrap._installed))"
+    result = latprof_run(
+        tmp_path, "--no-report", "--disable", "openai,sqlalchemy", "--disable", "asgi", "--", sys.executable, "-c", probe
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(sorted(set(available_hooks()) - {"openai", "sqlalchemy", "asgi"}))
+    bad = latprof_run(tmp_path, "--disable", "gpu", "--", sys.executable, "-c", "pass")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == f"latprof: error: --disable: no hook gpu (known: {', '.join(available_hooks())})"
+    everything = latprof_run(tmp_path, "--disable", ",".join(available_hooks()), "--", sys.executable, "-c", "pass")
+    assert everything.returncode == 2 and "every hook is disabled" in everything.stderr
+
+
+def test_list_shows_every_hook_with_what_it_records(tmp_path):
+    result = latprof_run(tmp_path, "--list")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == available_hooks()
+    for line in lines:
+        name, summary = line.split(maxsplit=1)
+        assert len(summary) > 20 and "cannot be imported" not in summary, line
+    assert not (tmp_path / "capture.jsonl").exists()
+    no_command = latprof_run(tmp_path)
+    assert no_command.returncode == 2 and "no command" in no_command.stderr
