@@ -53,17 +53,14 @@ One request root per HTTP request, backdated to when its bytes reached the serve
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import threading
 import time
 import types
 from typing import Any, Callable
 
-from latprof.collectors import asyncio_loop, runtime
-from latprof.events import QualityRecord
+from latprof.collectors import _inbound, asyncio_loop, runtime
 from latprof.layers import EVENT_LOOP, QUEUE
-from latprof.semconv import NOTE_CLOCK, NOTE_WARNING, QUEUE_SOURCE, SAMPLE_WEIGHT
+from latprof.semconv import NOTE_WARNING, QUEUE_SOURCE, SAMPLE_WEIGHT
 
 HOOK = "asgi"
 
@@ -89,11 +86,6 @@ MIN_PRE_HANDLER_NS = 1_000_000
 #: At most this many `event_loop` waits are nested under a request's segments (one per segment
 #: that was open during a block); the rest of its waits hang off the root.
 MAX_NESTED_WAITS = 64
-#: An arrival time further back than this (from TCP_INFO or X-Request-Start) is not believed.
-MAX_QUEUE_NS = 600 * 1_000_000_000
-
-_TCP_INFO_LEN = 104
-_LAST_DATA_RECV_OFFSET = 52  # struct tcp_info: 8 bytes of u8 fields, then u32 rto, ato, ...
 _HEADER = b"x-request-start"
 _PATCHED = "_latprof_patched"
 _CYCLE_ATTR = "_latprof_request"
@@ -104,34 +96,19 @@ _PENDING_ROUTE = "<pending>"
 _time_ns = time.time_ns
 _thread_time_ns = time.thread_time_ns
 _installed = False
-_noted: set[str] = set()  # quality notes this process wrote already
-os.register_at_fork(after_in_child=_noted.clear)  # a forked worker writes its own
 
 
-# Bound when uvicorn is first patched: importing asyncio and socket costs every process that
-# loads the hooks, and most never serve HTTP.
+# Bound when uvicorn is first patched: importing asyncio costs every process that loads the
+# hooks, and most never serve HTTP.
 _get_running_loop: Callable[[], Any] = lambda: None
-_TCP_INFO: int | None = None
-_IPPROTO_TCP = 6
-_TCP_FAMILIES: tuple[int, ...] = ()
-_TICK_NS = 10_000_000  # the kernel's tick (1/HZ); 10 ms (HZ=100) until measured
-_CLOCK_MONOTONIC_COARSE = 6  # Linux; its resolution is the tick. Not exposed by the time module.
 
 
 def _import_lazily() -> None:
-    global _get_running_loop, _TCP_INFO, _IPPROTO_TCP, _TCP_FAMILIES, _TICK_NS
+    global _get_running_loop
     import asyncio
-    import socket
 
     _get_running_loop = asyncio.get_running_loop
-    _TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux only
-    _IPPROTO_TCP = socket.IPPROTO_TCP
-    _TCP_FAMILIES = (socket.AF_INET, socket.AF_INET6)
-    if _TCP_INFO is not None:
-        try:
-            _TICK_NS = min(max(int(time.clock_getres(_CLOCK_MONOTONIC_COARSE) * 1e9), 1_000_000), 10_000_000)
-        except (OSError, AttributeError):
-            pass
+    _inbound.load()
 
 
 # --- install -----------------------------------------------------------------------------------
@@ -488,9 +465,10 @@ def _connection_socket(cycle: Any, store: dict[str, Any] | None) -> Any:
     """
     transport = cycle.transport
     sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None or _TCP_INFO is None or sock.family not in _TCP_FAMILIES:
+    if not _inbound.has_tcp_info(sock):
         sock = None
-        _note_once(
+        _inbound.note_once(
+            HOOK,
             NOTE_WARNING,
             "asgi: no TCP_INFO on the server's socket (unix socket or not Linux): requests start when the"
             " server read them, time their bytes waited in the socket before that is not seen",
@@ -512,24 +490,9 @@ def _socket_arrival(cycle: Any, now_ns: int, monitor: asyncio_loop.LoopMonitor) 
     sock = store.get(_SOCKET_ATTR, _UNSET) if store is not None else _UNSET
     if sock is _UNSET:  # the connection's first request
         sock = _connection_socket(cycle, store)
-    if sock is None or not monitor.lagging(_TICK_NS):
+    if sock is None or not monitor.lagging(_inbound.TICK_NS):
         return None
-    try:
-        raw = sock.getsockopt(_IPPROTO_TCP, _TCP_INFO, _TCP_INFO_LEN)
-    except OSError:
-        return None
-    if len(raw) < _LAST_DATA_RECV_OFFSET + 4:
-        return None
-    ago_ms = int.from_bytes(raw[_LAST_DATA_RECV_OFFSET : _LAST_DATA_RECV_OFFSET + 4], sys.byteorder)
-    # The kernel counts in ticks: N ticks since the data arrived means between N-1 and N+1
-    # ticks of real time. Take the lower bound, so that a request read at once never looks
-    # queued (N is 1 for about one request in a hundred read within 50 us of a tick boundary).
-    ago_ns = ago_ms * 1_000_000 - _TICK_NS
-    if ago_ns <= 0:
-        return now_ns
-    if ago_ns > MAX_QUEUE_NS:
-        return None
-    return now_ns - ago_ns
+    return _inbound.last_data_arrival(sock, now_ns)
 
 
 def _header_start(headers: Any, arrival_ns: int) -> int | None:
@@ -538,53 +501,8 @@ def _header_start(headers: Any, arrival_ns: int) -> int | None:
         return None
     for name, value in headers:
         if name == _HEADER:
-            started = parse_request_start(value)
-            if started is None or started < arrival_ns - MAX_QUEUE_NS:
-                _note_once(NOTE_WARNING, "asgi: ignored X-Request-Start values that are not a time in the last 10 minutes")
-                return None
-            if started > arrival_ns:
-                _note_once(
-                    NOTE_CLOCK,
-                    "asgi: ignored X-Request-Start values later than the request's arrival at the socket"
-                    " (the proxy's clock is ahead of this host's)",
-                )
-                return None
-            return started
+            return _inbound.header_start(value, arrival_ns, HOOK)
     return None
-
-
-def parse_request_start(value: bytes | str) -> int | None:
-    """Parse an X-Request-Start value into wall-clock ns: `t=` optional, then s, ms, µs or ns by magnitude.
-
-    nginx sends `t=1732912345.123` (seconds), Heroku integer milliseconds, New Relic agents
-    accept microseconds.
-    """
-    text = value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else str(value)
-    text = text.strip()
-    if text[:2] in ("t=", "T="):
-        text = text[2:].strip()
-    try:
-        number = float(text)
-    except ValueError:
-        return None
-    if not number > 0 or number == float("inf"):
-        return None
-    if number < 1e11:
-        scale = 1e9
-    elif number < 1e14:
-        scale = 1e6
-    elif number < 1e17:
-        scale = 1e3
-    else:
-        scale = 1.0
-    return int(number * scale)
-
-
-def _note_once(kind: str, message: str) -> None:
-    if message in _noted:
-        return
-    _noted.add(message)
-    runtime.emit(QualityRecord(kind, runtime.now_ns(), runtime.pid(), message, 1, {"collector": HOOK}))
 
 
 # --- route templates ---------------------------------------------------------------------------

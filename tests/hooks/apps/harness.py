@@ -59,14 +59,19 @@ class Server:
     def capture_path(self) -> Path:
         return self.workdir / "capture.jsonl"
 
-    def start(self) -> Server:
-        self.port = free_port()
+    def server_command(self) -> list[str]:
+        """The service's command line (after `latprof run ... --`)."""
         listen = ["--uds", str(self.address)] if self.uds else ["--host", "127.0.0.1", "--port", str(self.port)]
-        cmd = [
-            sys.executable, "-m", "latprof", "run", "--out", str(self.capture_path), "--no-report",
-            "--max-rate", f"{self.max_rate:g}", "--",
+        return [
             sys.executable, "-m", "uvicorn", self.app, *listen,
             "--loop", self.loop, "--http", self.http, "--log-level", "warning", "--no-access-log",
+        ]  # fmt: skip
+
+    def start(self) -> Server:
+        self.port = free_port()
+        cmd = [
+            sys.executable, "-m", "latprof", "run", "--out", str(self.capture_path), "--no-report",
+            "--max-rate", f"{self.max_rate:g}", "--", *self.server_command(),
         ]  # fmt: skip
         self.log = open(self.workdir / "server.log", "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
@@ -120,6 +125,25 @@ class Server:
 
     def capture(self) -> Capture:
         return Capture(read_captures([self.capture_path]))
+
+
+@dataclass
+class GunicornServer(Server):
+    """`latprof run --no-report -- gunicorn APP` on a free port of 127.0.0.1 (`loop`/`http` unused: pass "")."""
+
+    workers: int = 1
+    worker_class: str = "sync"
+    threads: int = 1
+    preload: bool = False
+
+    def server_command(self) -> list[str]:
+        bind = f"unix:{self.address}" if self.uds else f"127.0.0.1:{self.port}"
+        return [
+            sys.executable, "-m", "gunicorn", self.app, "--bind", bind,
+            "--workers", str(self.workers), "--worker-class", self.worker_class, "--threads", str(self.threads),
+            "--no-control-socket", "--log-level", "warning", "--graceful-timeout", "10",
+            *(["--preload"] if self.preload else []),
+        ]  # fmt: skip
 
 
 @dataclass

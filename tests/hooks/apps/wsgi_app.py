@@ -1,0 +1,72 @@
+"""A Flask application for the WSGI hook's tests, served by gunicorn under `latprof run`."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+
+from flask import Flask, Response, jsonify, request, send_file
+
+app = Flask(__name__)
+_lock = threading.Lock()
+_FILE = os.path.join(tempfile.gettempdir(), f"latprof-wsgi-test-{os.getpid()}.txt")
+
+
+def _ms() -> float:
+    return float(request.args.get("ms", "0")) / 1000
+
+
+@app.get("/health")
+def health():
+    return "ok"
+
+
+@app.get("/pid")
+def pid():
+    return str(os.getpid())
+
+
+@app.route("/chat/<int:chat_id>", methods=["GET", "POST"])
+def chat(chat_id: int):
+    time.sleep(_ms())
+    return jsonify(chat=chat_id), (201 if request.method == "POST" else 200)
+
+
+@app.get("/boom")
+def boom():
+    raise RuntimeError("boom")
+
+
+@app.get("/stream")
+def stream():
+    def chunks():
+        for i in range(3):
+            time.sleep(0.05)
+            yield f"chunk {i}\n"
+
+    return Response(chunks(), mimetype="text/plain")
+
+
+@app.get("/cpu")
+def cpu():
+    deadline = time.thread_time() + _ms()
+    n = 0
+    while time.thread_time() < deadline:
+        n += 1
+    return jsonify(n=n)
+
+
+@app.get("/file")
+def file():
+    with open(_FILE, "w") as f:
+        f.write("x" * 10_000)
+    return send_file(_FILE)
+
+
+@app.get("/locked")
+def locked():
+    with _lock:
+        time.sleep(_ms())
+    return "done"
