@@ -48,6 +48,11 @@ SAMPLE_WEIGHT: Final = "latprof.sample_weight"
 #: 40 us of CPU on its loop: this many a second is about 1% of a core.
 DEFAULT_MAX_RATE: Final = 250.0
 
+#: str on a `lock` segment: what kind of lock (`threading.Lock`, `asyncio.Semaphore`, ...).
+LOCK_KIND: Final = "latprof.lock.kind"
+#: str on a `lock` segment: where the lock was created, or for asyncio ones acquired (`app/cache.py:12`).
+LOCK_SITE: Final = "latprof.lock.site"
+
 #: str on a NOTE_ERROR record: the text of the last error a collector swallowed.
 LAST_ERROR: Final = "latprof.last_error"
 
