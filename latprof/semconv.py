@@ -53,6 +53,11 @@ LOCK_KIND: Final = "latprof.lock.kind"
 #: str on a `lock` segment: where the lock was created, or for asyncio ones acquired (`app/cache.py:12`).
 LOCK_SITE: Final = "latprof.lock.site"
 
+#: on a `tool` segment: the id of an earlier call of the same request whose response carried a
+#: value this call sent (so it could not have started before that call ended), or true when
+#: the hook saw such a value without knowing which call it came from.
+TOOL_DEPENDS_ON: Final = "latprof.tool.depends_on"
+
 #: str on a NOTE_ERROR record: the text of the last error a collector swallowed.
 LAST_ERROR: Final = "latprof.last_error"
 
