@@ -40,6 +40,10 @@ class _Main(click.Group):
         except KeyboardInterrupt:
             click.echo("latprof: interrupted", err=True)
             ctx.exit(130)
+        except BrokenPipeError:  # `latprof ... | head`: the reader left; so do we, quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # Python's docs: keep the exit flush from failing again
+            ctx.exit(0)
         except Exception as exc:  # a bug: still one line unless asked for the traceback
             if ctx.obj and ctx.obj.get("debug"):
                 raise
@@ -165,7 +169,12 @@ def run(
     process it starts loads the hooks (no code change); signals sent to latprof go on to it;
     latprof exits with the command's exit code.
     """
-    from latprof.launcher import available_hooks, describe_hooks, processes_with_hooks, run_with_hooks
+    from latprof.launcher import (
+        available_hooks,
+        describe_hooks,
+        processes_with_hooks,
+        run_with_hooks,
+    )
     from latprof.pipeline import run_diagnosis
 
     if list_hooks:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +188,16 @@ def test_the_installed_command_exits_with_the_right_code_and_complete_output():
     assert bad.returncode == 2
     assert bad.stderr == "latprof: error: missing.jsonl: no such file or directory\n"
     assert bad.stdout == ""
+
+
+def test_a_reader_that_leaves_early_ends_latprof_quietly():
+    """`latprof rules | head -1`: the pipe closes before latprof writes; no traceback, exit 0."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the child starts: its first write fails with EPIPE
+    proc = subprocess.run(
+        [sys.executable, "-m", "latprof", "rules", "explain", "db-pool-exhaustion"],
+        stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+    )  # fmt: skip
+    os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
