@@ -218,6 +218,9 @@ class _Call:
                 attrs[OUTPUT_CHUNKS] = self.chunks
             if error is not None:
                 attrs[ERROR_TYPE] = type(error).__qualname__
+                status = getattr(error, "status_code", None)  # openai.APIStatusError: 429, 5xx, ...
+                if isinstance(status, int):
+                    attrs[HTTP_STATUS_CODE] = status
             name = f"{OPERATION} {model}" if model else OPERATION
             provider_end = first if first is not None and self.stream else end
             _record(self, name, PROVIDER, self.start_ns, provider_end, attrs, self.provider_id)

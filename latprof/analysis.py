@@ -15,6 +15,7 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 from latprof.events import Segment
 from latprof.genai import UnstreamedSplitter, decode_ms_per_token, is_unstreamed
 from latprof.layers import APP, LAYERS, MODEL, UNATTRIBUTED, effective_layer
+from latprof.retries import classify_sleeps, is_pending_sleep
 from latprof.semconv import SAMPLE_WEIGHT
 from latprof.timeline import RequestTimeline, Timeline
 
@@ -640,19 +641,24 @@ def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analys
 
     unstreamed: list[int] = []
     for i, rt in enumerate(kept):
+        sleeps = False
         for segment in rt.segments:
             if is_unstreamed(segment):
                 unstreamed.append(i)
                 breakdowns.append({})
                 break
+            if is_pending_sleep(segment):
+                sleeps = True
         else:
+            if sleeps:  # which of them were backoff between attempts (latprof.retries)
+                rt = kept[i] = classify_sleeps(rt)
             breakdowns.append(layer_times_ms(rt))
             index(i, rt.segments)
     split_warnings: list[str] = []
     if unstreamed:
         splitter = UnstreamedSplitter(decode_ms_per_token(by_layer[MODEL].segments if MODEL in by_layer else ()))
         for i in unstreamed:
-            kept[i] = splitter(kept[i])
+            kept[i] = splitter(classify_sleeps(kept[i]))
             breakdowns[i] = layer_times_ms(kept[i])
             index(i, kept[i].segments)
         split_warnings = splitter.warnings()

@@ -58,6 +58,16 @@ LOCK_SITE: Final = "latprof.lock.site"
 #: the hook saw such a value without knowing which call it came from.
 TOOL_DEPENDS_ON: Final = "latprof.tool.depends_on"
 
+#: Name of the segment of a sleep inside a request (collectors/sleeps.py): `retry` when a retry
+#: library slept, else without a layer until the analysis finds it was a backoff.
+SLEEP_SEGMENT: Final = "sleep"
+#: str on a `retry` sleep: the retry library that slept (tenacity, backoff, urllib3, ...).
+RETRY_LIBRARY: Final = "latprof.retry.library"
+#: int on a `retry` sleep the analysis recognised: the status code of the failed call before it.
+RETRY_AFTER_STATUS: Final = "latprof.retry.after_status"
+#: str on such a sleep: the error type of the failed call before it (a timeout, a refused connection).
+RETRY_AFTER_ERROR: Final = "latprof.retry.after_error"
+
 #: str on a NOTE_ERROR record: the text of the last error a collector swallowed.
 LAST_ERROR: Final = "latprof.last_error"
 
