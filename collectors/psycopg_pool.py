@@ -221,9 +221,7 @@ def _make_wait_histogram() -> Any:
 def _sqlalchemy_busy() -> bool:
     """True while the SQLAlchemy hook times a checkout or a statement in this thread or task."""
     module = sys.modules.get(_SQLALCHEMY_HOOK)
-    if module is None:
-        return False
-    return module._checkout.get() is not None or module._statement.get() is not None
+    return module is not None and bool(module.busy())
 
 
 # --- pools: names and state -------------------------------------------------------------------

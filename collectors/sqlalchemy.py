@@ -119,6 +119,12 @@ _statement: contextvars.ContextVar[tuple[int, str, int] | None] = contextvars.Co
     "latprof_sqlalchemy_statement", default=None
 )
 
+
+def busy() -> bool:
+    """True while this hook times a checkout or a statement in the calling thread or task: the
+    hooks of the driver or pool underneath (asyncpg, psycopg_pool) leave that time to this one."""
+    return _checkout.get() is not None or _statement.get() is not None
+
 _lock = threading.RLock()
 _installed = False
 _patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
