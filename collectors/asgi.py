@@ -232,6 +232,7 @@ class _Request(asyncio_loop.Owner):
         "response_end_ns",
         "finished",
         "weight",
+        "route",
     )
 
     def __init__(
@@ -256,6 +257,7 @@ class _Request(asyncio_loop.Owner):
         self.response_end_ns = 0
         self.finished = False  # the root was emitted (or given up on)
         self.weight = weight  # the requests this one stands for (runtime.Sampler)
+        self.route: str | None = None  # set by a server hook that knows it (aiohttp); else from the scope
 
 
 def _track(cycle: Any, coro: Any, weight: int = 1) -> Any:
@@ -350,7 +352,7 @@ def _finish(request: _Request) -> None:
         if state is None:
             return
         end_ns = request.response_end_ns or _time_ns()
-        state.route = _route(request.scope)
+        state.route = request.route or _route(request.scope)
         state.status_code = request.status
         state.cpu_ns = request.cpu_ns
         arrival_ns = request.arrival_ns if request.arrival_ns is not None else request.read_ns

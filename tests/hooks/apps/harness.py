@@ -147,6 +147,16 @@ class GunicornServer(Server):
 
 
 @dataclass
+class AiohttpServer(Server):
+    """`latprof run --no-report -- python -m aiohttp.web ... APP` (APP is `module:init`; `loop` asyncio or uvloop)."""
+
+    def server_command(self) -> list[str]:
+        self.env = {**self.env, "AIOHTTP_APP_LOOP": self.loop}
+        listen = ["-U", str(self.address)] if self.uds else ["-H", "127.0.0.1", "-P", str(self.port)]
+        return [sys.executable, "-m", "aiohttp.web", *listen, self.app]
+
+
+@dataclass
 class Response:
     status: int
     body: bytes
