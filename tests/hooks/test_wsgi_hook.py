@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -10,10 +11,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from apps.harness import ROOT, Capture, GunicornServer, Pending, get
-
 from latprof.collectors.wsgi import BACKLOG_WAIT, BEHIND_THE_PROXY, THREADPOOL_WAIT
+
 from latprof.layers import QUEUE
 from latprof.semconv import NOTE_HOOKS_LOADED, QUEUE_SOURCE
 
@@ -231,3 +231,52 @@ def test_sync_workers_saturated_by_bursts_give_the_queue_verdict(tmp_path):
     assert verdict["share_of_tail_excess"] >= 0.8
     (finding,) = [f for f in report["findings"] if f["rule"] == "request-queueing"]
     assert list(finding["evidence"]["queue_sources"])[0] == "backlog"
+
+
+PG = os.environ.get("LATPROF_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test").replace("+psycopg", "")
+
+
+def _require_pg() -> None:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:  # any failure: not usable here
+        reason = f"PostgreSQL at {PG} is unreachable: {type(exc).__name__}: {str(exc).strip()[:200]}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason} (CI=true: PostgreSQL is required)")
+        pytest.skip(reason)
+
+
+def test_gunicorn_threads_on_a_small_psycopg_pool_give_the_db_pool_verdict(tmp_path):
+    """gthread, 6 threads, a psycopg_pool of 2 connections held 80 ms per request; bursts wait for them."""
+    _require_pg()
+    server = GunicornServer(
+        APP, "", "", tmp_path, worker_class="gthread", threads=6, env={"WSGI_APP_PG": PG, "WSGI_APP_POOL_MAX": "2"}
+    ).start()
+    try:
+        assert get(server.port, "/db?ms=1").status == 200  # opens the pool
+        sent = 0
+        with ThreadPoolExecutor(6) as pool:
+            for tick in range(60):
+                n = 6 if tick % 6 == 0 else 1  # a burst of 6 every 0.6 s, else one request per 0.1 s
+                futures = [pool.submit(get, server.port, "/db?ms=80") for _ in range(n)]
+                sent += n
+                time.sleep(0.1)
+                if n > 1:
+                    assert [f.result().status for f in futures] == [200] * n
+        server.stop()
+    finally:
+        server.kill()
+    out = subprocess.run(
+        [sys.executable, "-m", "latprof", "analyze", "--format", "json", str(server.capture_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    verdict = report["verdict"]
+    print(f"{sent} sent; verdict {verdict}; latency {report['latency_ms']}")
+    assert verdict["layer"] == "db.pool" and verdict["rule"] == "db-pool-exhaustion", verdict
+    (finding,) = [f for f in report["findings"] if f["rule"] == "db-pool-exhaustion"]
+    assert finding["evidence"]["pool_max"] == 2 and finding["evidence"]["pools"] == ["wsgi-app"]

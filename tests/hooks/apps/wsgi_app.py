@@ -11,6 +11,8 @@ from flask import Flask, Response, jsonify, request, send_file
 
 app = Flask(__name__)
 _lock = threading.Lock()
+_pool = None  # a psycopg_pool ConnectionPool of WSGI_APP_POOL_MAX connections, made on first use
+_pool_lock = threading.Lock()
 _FILE = os.path.join(tempfile.gettempdir(), f"latprof-wsgi-test-{os.getpid()}.txt")
 
 
@@ -69,4 +71,21 @@ def file():
 def locked():
     with _lock:
         time.sleep(_ms())
+    return "done"
+
+
+@app.get("/db")
+def db():
+    """Check a connection out of the process's small psycopg_pool pool and hold it for `ms`."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from psycopg_pool import ConnectionPool
+
+            _pool = ConnectionPool(
+                os.environ["WSGI_APP_PG"], min_size=int(os.environ.get("WSGI_APP_POOL_MAX", "2")),
+                max_size=int(os.environ.get("WSGI_APP_POOL_MAX", "2")), name="wsgi-app", open=True,
+            )  # fmt: skip
+    with _pool.connection() as conn:
+        conn.execute("SELECT pg_sleep(%s)", (_ms(),))
     return "done"
