@@ -1,9 +1,9 @@
 """Test sessions per supported line of the libraries the hooks patch (run by .ci/run).
 
 The README's test command covers the newest releases (openai 3.x on httpx2, SQLAlchemy
-2.1, psycopg_pool 3.3, asyncpg 0.32); `nox -s hooks_legacy` runs the hook tests against the
-older supported lines (openai 2.x on httpx, SQLAlchemy 2.0, psycopg_pool 3.2, asyncpg 0.29) in
-an environment of their own. Skips are failures here: a hook
+2.1, psycopg_pool 3.3, asyncpg 0.32, redis-py 8); `nox -s hooks_legacy` runs the hook tests
+against the older supported lines (openai 2.x on httpx, SQLAlchemy 2.0, psycopg_pool 3.2,
+asyncpg 0.29, redis-py 5) in an environment of their own. Skips are failures here: a hook
 test that skips has not tested that line.
 """
 
@@ -15,11 +15,12 @@ nox.options.sessions = ["hooks_legacy"]
 
 @nox.session
 def hooks_legacy(session: nox.Session) -> None:
-    session.install("-e", ".[test]", "openai>=2,<3", "sqlalchemy>=2.0,<2.1", "psycopg-pool>=3.2,<3.3", "asyncpg>=0.29,<0.30")
+    session.install("-e", ".[test]", "openai>=2,<3", "sqlalchemy>=2.0,<2.1", "psycopg-pool>=3.2,<3.3", "asyncpg>=0.29,<0.30", "redis>=5,<6")
     session.run(
         "python",
         "-c",
-        "import openai, sqlalchemy, psycopg_pool, asyncpg; print('openai', openai.__version__, '- sqlalchemy',"
-        " sqlalchemy.__version__, '- psycopg_pool', psycopg_pool.__version__, '- asyncpg', asyncpg.__version__)",
+        "import openai, sqlalchemy, psycopg_pool, asyncpg, redis; print('openai', openai.__version__, '- sqlalchemy',"
+        " sqlalchemy.__version__, '- psycopg_pool', psycopg_pool.__version__, '- asyncpg', asyncpg.__version__,"
+        " '- redis', redis.__version__)",
     )
     session.run("python", "-m", "pytest", "tests/hooks", *session.posargs, env={"LATPROF_FORBID_SKIPS": "1"})

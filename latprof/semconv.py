@@ -14,6 +14,8 @@ GEN_AI_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 DB_SYSTEM_NAME: Final = "db.system.name"
 DB_OPERATION_NAME: Final = "db.operation.name"
 DB_QUERY_SUMMARY: Final = "db.query.summary"
+#: int on a `db.query` segment of a batch (a redis pipeline or transaction): how many operations it sent.
+DB_OPERATION_BATCH_SIZE: Final = "db.operation.batch.size"
 DB_POOL_NAME: Final = "db.client.connection.pool.name"
 SERVER_ADDRESS: Final = "server.address"
 HTTP_ROUTE: Final = "http.route"
