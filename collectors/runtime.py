@@ -45,7 +45,7 @@ ERROR_REPORT_INTERVAL_S = 1.0
 class RequestState:
     """An open request: what its root will say when `end_request` emits it."""
 
-    __slots__ = ("request_id", "route", "start_ns", "pid", "attrs", "cpu_ns", "status_code", "spans")
+    __slots__ = ("request_id", "route", "start_ns", "pid", "attrs", "cpu_ns", "status_code", "spans", "scratch")
 
     def __init__(
         self,
@@ -67,6 +67,8 @@ class RequestState:
         #: The request's segments so far: (segment_id, parent_id, start_ns, end_ns, thread id),
         #: the first MAX_SPANS_KEPT of them; see `spans_of`.
         self.spans: list[tuple[str, str | None, int, int, int]] | None = None
+        #: Per-request data of hooks, by hook name (bounded by each hook); gone with the request.
+        self.scratch: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"RequestState({self.request_id!r}, {self.route!r}, start_ns={self.start_ns})"
