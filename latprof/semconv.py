@@ -18,6 +18,8 @@ DB_QUERY_SUMMARY: Final = "db.query.summary"
 DB_OPERATION_BATCH_SIZE: Final = "db.operation.batch.size"
 DB_POOL_NAME: Final = "db.client.connection.pool.name"
 SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+HTTP_REQUEST_METHOD: Final = "http.request.method"
 HTTP_ROUTE: Final = "http.route"
 HTTP_STATUS_CODE: Final = "http.response.status_code"
 HTTP_RESEND_COUNT: Final = "http.request.resend_count"
@@ -70,6 +72,13 @@ RETRY_AFTER_STATUS: Final = "latprof.retry.after_status"
 #: str on such a sleep: the error type of the failed call before it (a timeout, a refused connection).
 RETRY_AFTER_ERROR: Final = "latprof.retry.after_error"
 
+#: str on an `http.pool` segment and the HTTP pool gauges: which client pool ("httpx pool 1", numbered per process).
+HTTP_POOL_NAME: Final = "latprof.http.pool.name"
+#: int on an `http.pool` segment: the pool's limits (absent when unlimited).
+HTTP_POOL_MAX_CONNECTIONS: Final = "latprof.http.pool.max_connections"
+HTTP_POOL_MAX_KEEPALIVE: Final = "latprof.http.pool.max_keepalive_connections"
+HTTP_POOL_MAX_PER_HOST: Final = "latprof.http.pool.max_per_host"
+
 #: str on a NOTE_ERROR record: the text of the last error a collector swallowed.
 LAST_ERROR: Final = "latprof.last_error"
 
@@ -83,6 +92,9 @@ GAUGE_POOL_MAX: Final = "db.pool.max"  # most connections the pool may open
 GAUGE_POOL_IN_USE: Final = "db.pool.in_use"  # connections checked out
 GAUGE_POOL_WAITERS: Final = "db.pool.waiters"  # callers waiting for a connection
 GAUGE_POOL_OVERFLOW: Final = "db.pool.overflow"  # connections open beyond the pool's base size
+GAUGE_HTTP_POOL_IN_USE: Final = "http.pool.in_use"  # connections busy
+GAUGE_HTTP_POOL_MAX: Final = "http.pool.max"  # max_connections, when limited
+GAUGE_HTTP_POOL_WAITERS: Final = "http.pool.waiters"  # requests queued for a connection
 GAUGE_LOOP_LAG_MS: Final = "event_loop.lag_ms"
 GAUGE_ACCEPT_QUEUE: Final = "accept.queue_depth"  # LISTEN socket rx_queue
 GAUGE_CPU_PERCENT: Final = "process.cpu_percent"

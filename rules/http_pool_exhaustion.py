@@ -1,0 +1,176 @@
+"""Rule http-pool-exhaustion: requests wait for a free connection of an outbound HTTP client pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from latprof import semconv
+from latprof.analysis import Analysis
+from latprof.engine import (
+    Finding,
+    Rule,
+    fmt_ms,
+    layer_evidence,
+    owns_tail,
+    severity_for_share,
+)
+from latprof.layers import HTTP_POOL
+from latprof.semconv import SERVER_ADDRESS
+
+# Names the httpx hook records (proposed for latprof.semconv).
+HTTP_POOL_NAME = semconv.HTTP_POOL_NAME
+HTTP_POOL_MAX_CONNECTIONS = semconv.HTTP_POOL_MAX_CONNECTIONS
+HTTP_POOL_MAX_KEEPALIVE = semconv.HTTP_POOL_MAX_KEEPALIVE
+GAUGE_HTTP_POOL_IN_USE = semconv.GAUGE_HTTP_POOL_IN_USE
+GAUGE_HTTP_POOL_MAX = semconv.GAUGE_HTTP_POOL_MAX
+GAUGE_HTTP_POOL_WAITERS = semconv.GAUGE_HTTP_POOL_WAITERS
+
+#: Hosts named in the evidence, at most (the ones with the most waiting first).
+MAX_HOSTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    min_share_of_tail_excess: float = 0.2
+    min_tail_excess_ms: float = 50.0
+    #: Waits in this many client pools or more (in one process) mean clients are not shared.
+    min_pools_for_sharing_advice: int = 2
+
+
+class HttpPoolExhaustion(Rule):
+    """Requests wait for a free connection of an outbound HTTP client pool: the pool is exhausted in the tail.
+
+    What it detects:
+        The `http.pool` layer (time waiting for a free connection slot in an outbound HTTP
+        client pool, such as httpx's `Limits(max_connections=...)`) explains a large part of
+        the tail: the slowest requests queued inside their own process for a connection to
+        a tool, a service or a model API before the call was even sent. It says which hosts
+        the waiting calls went to, the pools' limits, and whether the waits were spread over
+        several client pools.
+
+    Why it matters for p99:
+        A client pool is a queue in front of every outbound call. httpx allows 100 connections
+        per client by default (the openai client 1000), often far fewer when limits are set by
+        hand; once they are all busy, the next call waits for one to come back, and a burst
+        stacks the waits up: with 2 connections and 100 ms calls, the eighth concurrent call
+        waits 300 ms before it is sent. The time looks like a slow tool or a slow LLM call,
+        while the service it calls is idle.
+
+    Evidence:
+        pool wait p50/p99 and the tail excess; the hosts that waited (most waiting first);
+        the pools' `max_connections` and `max_keepalive_connections`; how many client pools
+        waited; peak connections in use and peak waiters from the pool gauges, and mean
+        utilisation when there is one limit; example request ids.
+
+    How to fix:
+        Size the pool for the concurrency the service sends to that host:
+        `httpx.AsyncClient(limits=httpx.Limits(max_connections=N))` with N at least the peak
+        in use plus the peak waiting (the openai client takes `http_client=` with such a
+        client). Share one client per process, made at startup, instead of a client per
+        worker or task with a small pool each. Do not go to the opposite extreme: a new
+        client per request never waits in a pool but opens a new connection (and TLS
+        handshake) per call and can exhaust sockets. When the host cannot take more
+        concurrent calls, raising the limit only moves the queue there: bound concurrency
+        before the call and set a pool timeout so overload fails fast.
+
+    Example:
+        An agent service calls its search tool through one shared `AsyncClient` with
+        `max_connections=2`. Calls take 120 ms; bursts of 8 requests make 6 of them wait for
+        a connection, up to 360 ms. http.pool owns 90% of the tail excess while the search
+        service answers every call in 120 ms.
+    """
+
+    id = "http-pool-exhaustion"
+    layer = HTTP_POOL
+    Thresholds = Thresholds
+
+    def check(self, analysis: Analysis) -> Iterable[Finding]:
+        t: Thresholds = self.thresholds
+        stats = analysis.layer(HTTP_POOL)
+        if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
+            return
+        evidence: dict[str, object] = {**layer_evidence(stats, "pool_wait")}
+        waited_ns: dict[str, int] = {}
+        pools: set[tuple[int, str]] = set()
+        limits: set[int] = set()
+        keepalive: set[int] = set()
+        for i, segment in analysis.segments(HTTP_POOL):
+            attrs = segment.attrs
+            host = attrs.get(SERVER_ADDRESS)
+            if host:
+                waited_ns[str(host)] = waited_ns.get(str(host), 0) + analysis.weight(i) * (segment.end_ns - segment.start_ns)
+            if attrs.get(HTTP_POOL_NAME):
+                pools.add((segment.pid, str(attrs[HTTP_POOL_NAME])))
+            for key, found in ((HTTP_POOL_MAX_CONNECTIONS, limits), (HTTP_POOL_MAX_KEEPALIVE, keepalive)):
+                value = attrs.get(key)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    found.add(value)
+        hosts = sorted(waited_ns, key=lambda h: (-waited_ns[h], h))[:MAX_HOSTS]
+        if hosts:
+            evidence["hosts"] = hosts
+        if limits:
+            evidence["max_connections"] = sorted(limits)
+        if keepalive:
+            evidence["max_keepalive_connections"] = sorted(keepalive)
+        if pools:
+            evidence["pools_waited"] = len(pools)
+        evidence.update(_pool_gauges(analysis))
+        evidence["example_request_ids"] = analysis.example_request_ids(HTTP_POOL)
+
+        details = []
+        if limits:
+            details.append("max_connections " + "/".join(str(n) for n in sorted(limits)))
+        if "peak_in_use" in evidence:
+            details.append(f"peak {evidence['peak_in_use']:g} in use")
+        if "peak_waiters" in evidence:
+            details.append(f"up to {evidence['peak_waiters']:g} waiting")
+        to_hosts = f" to {', '.join(hosts)}" if hosts else ""
+        summary = (
+            f"The slowest 1% of requests waited {fmt_ms(stats.tail_excess_ms)} longer for a free HTTP connection{to_hosts}"
+            f" than the median request" + (f" ({', '.join(details)})" if details else "") + "."
+        )
+        if len(pools) >= t.min_pools_for_sharing_advice:
+            limit = f" of max_connections={min(limits)}" if limits else ""
+            summary = summary[:-1] + f"; the waits were spread over {len(pools)} client pools."
+            fix = (
+                f"Share one HTTP client per process: the waits happened in {len(pools)} separate client pools{limit}"
+                " (a client per worker or task, each with its own small pool). Create one client at startup and size"
+                " its httpx.Limits(max_connections=...) for the total concurrency; a client per request would avoid"
+                " the wait but open a new connection (and TLS handshake) per call."
+            )
+        else:
+            needed = ""
+            if "peak_in_use" in evidence and "peak_waiters" in evidence:
+                peak = float(evidence["peak_in_use"]) + float(evidence["peak_waiters"])  # type: ignore[arg-type]
+                needed = f" (at least {peak:g}: peak in use plus peak waiting)"
+            fix = (
+                f"Raise the client's pool limit: httpx.Limits(max_connections=...){needed}, on the one client the"
+                " service shares (openai: http_client=httpx.AsyncClient(limits=...)). If the host cannot take more"
+                " concurrent calls, bound concurrency before the call and set a pool timeout so overload fails fast;"
+                " do not create a client per request to dodge the limit (a new connection per call)."
+            )
+        yield self.finding(
+            severity=severity_for_share(stats.share_of_tail_excess),
+            confidence=min(1.0, stats.share_of_tail_excess + (0.2 if "peak_waiters" in evidence else 0.0)),
+            impact_ms=stats.tail_excess_ms,
+            summary=summary,
+            evidence=evidence,
+            fix=fix,
+            subject=",".join(sorted(hosts)),
+        )
+
+
+def _pool_gauges(analysis: Analysis) -> dict[str, float]:
+    """Peak in use / waiters and mean utilisation (when there is one limit) from the HTTP pool gauges."""
+    gauges = analysis.timeline.gauges
+    out: dict[str, float] = {}
+    maxima = {g.value for g in gauges.get(GAUGE_HTTP_POOL_MAX, ())}
+    in_use = gauges.get(GAUGE_HTTP_POOL_IN_USE, [])
+    if in_use:
+        out["peak_in_use"] = max(g.value for g in in_use)
+        if len(maxima) == 1 and max(maxima) > 0:
+            out["mean_utilisation"] = round(sum(g.value for g in in_use) / len(in_use) / max(maxima), 4)
+    if gauges.get(GAUGE_HTTP_POOL_WAITERS):
+        out["peak_waiters"] = max(g.value for g in gauges[GAUGE_HTTP_POOL_WAITERS])
+    return out
