@@ -28,6 +28,12 @@ them (`ConnectionPool` and `AsyncConnectionPool`; the null pools inherit them):
 Segments are recorded only inside a request. Nothing happens until psycopg_pool is imported,
 and every wrapper counts its own errors instead of raising into the service. What is kept per
 pool or connection lives on that object (a few attributes), so it goes away with it.
+
+The wrappers run on every checkout, return and statement of the service, so they are kept
+cheap: the cheapest test first (recording off, no request, a checkout already in progress),
+one clock reading per event reused for the gauge limiter, the attribute dicts of a pool and
+of a statement text built once and handed to `runtime.record` uncopied (never mutated), and
+no per-operation object beyond the segment itself.
 """
 
 from __future__ import annotations
@@ -35,14 +41,15 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-import sys
 import threading
-import time
 import types
 from typing import Any, Callable
 
 from latprof import semconv
 from latprof.collectors import runtime
+# The SQLAlchemy hook's statement summary, and whether it times a checkout or a statement in
+# this thread or task (SQLAlchemy on top of a psycopg_pool pool: that time is left to it).
+from latprof.collectors.sqlalchemy import busy as _sqlalchemy_busy
 from latprof.collectors.sqlalchemy import summarize
 from latprof.layers import DB_POOL, DB_QUERY
 from latprof.semconv import (
@@ -76,50 +83,58 @@ WAITED_GAUGE_INTERVAL_NS = 10_000_000
 WAITED_NS = 1_000_000
 #: Only the head of a statement is read to summarise it.
 STATEMENT_SCAN_CHARS = 4096
+#: Statement texts (up to STATEMENT_SCAN_CHARS long) whose segment name and attributes are
+#: remembered, at most; the cache is emptied when full.
+STATEMENT_CACHE_SIZE = 1024
 
 _STATE_ATTR = "_latprof_pool"  # on a pool: its _PoolState
-_HOLD_ATTR = "_latprof_hold"  # on a checked-out connection: (start_ns, request, parent, pool name)
+_HOLD_ATTR = "_latprof_hold"  # on a checked-out connection: (start_ns, request, parent, _PoolState)
 _CONNECTED_ATTR = "_latprof_connected"  # on a connection a pool opened: (start_ns, end_ns) of opening it
-
-# Where the SQLAlchemy hook keeps the checkout and the statement it is timing.
-_SQLALCHEMY_HOOK = "latprof.collectors.sqlalchemy"
 
 
 class _PoolState:
-    """What the hook keeps per pool: its name, attributes ready to use, the gauge limiter."""
+    """What the hook keeps per pool: its name, attributes ready to use, the gauge limiter.
+
+    `attrs` and `pool_attrs` are handed to every segment as they are (`copy_attrs=False`):
+    never mutated once built.
+    """
 
     __slots__ = ("name", "attrs", "pool_attrs", "gauged_at_ns", "gauged")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.attrs: dict[str, Any] = {DB_POOL_NAME: name, DB_SYSTEM_NAME: SYSTEM}
+        self.attrs: dict[str, Any] = {DB_POOL_NAME: name, DB_SYSTEM_NAME: SYSTEM}  # a checkout's
         self.pool_attrs = {DB_POOL_NAME: name}  # for gauges, holds and the OpenTelemetry histogram
-        self.gauged_at_ns = -GAUGE_INTERVAL_NS  # monotonic time of the last reading
+        self.gauged_at_ns = -GAUGE_INTERVAL_NS  # wall-clock time of the last reading (see _read_gauges)
         self.gauged: tuple[float, ...] | None = None  # the last values emitted
 
 
-class _Checkout:
-    """One outermost `getconn` in progress."""
-
-    __slots__ = ("state", "request", "start_ns", "token")
-
-    def __init__(self, state: _PoolState, request: runtime.RequestState | None, start_ns: int) -> None:
-        self.state = state
-        self.request = request
-        self.start_ns = start_ns
-        self.token: contextvars.Token[_Checkout | None] | None = None
-
-
-# The checkout in progress in this thread or task: the re-entry guard of `getconn` (a pool
-# subclass calling its base), and what keeps the statements of `check`/`configure` out.
-_checkout: contextvars.ContextVar[_Checkout | None] = contextvars.ContextVar("latprof_psycopg_pool_checkout", default=None)
-# True while a statement of this thread or task is timed: each statement is counted once.
-_executing: contextvars.ContextVar[bool] = contextvars.ContextVar("latprof_psycopg_pool_executing", default=False)
+# What this thread or task is doing under a wrapper: None, _IN_CHECKOUT (an outermost
+# `getconn` is timed: the re-entry guard of `getconn`, a pool subclass calling its base, and
+# what keeps the statements of `check`/`configure` out) or _IN_STATEMENT (a statement is
+# timed: each statement is counted once). A checkout inside a statement is still timed; no
+# statement inside either is.
+_IN_CHECKOUT = "checkout"
+_IN_STATEMENT = "statement"
+_busy: contextvars.ContextVar[str | None] = contextvars.ContextVar("latprof_psycopg_pool_busy", default=None)
 
 _lock = threading.RLock()
 _installed = False
 _patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
 _wait_histogram: Any = None
+# Statement text -> (segment name, attributes); see STATEMENT_CACHE_SIZE.
+_statements: dict[str, tuple[str, dict[str, Any]]] = {}
+
+# The hot paths call these without the frame of runtime's own one-line functions
+# (`current_request`, `current_parent`, `record`'s module lookup): same contextvars, same clock.
+_current_request = runtime._request.get
+_current_parent = runtime._parent.get
+_now = runtime.now_ns
+_record = runtime.record
+_ROOT = runtime.ROOT
+_busy_get = _busy.get
+_busy_set = _busy.set
+_busy_reset = _busy.reset
 
 
 # --- install ---------------------------------------------------------------------------------
@@ -218,12 +233,6 @@ def _make_wait_histogram() -> Any:
         return None
 
 
-def _sqlalchemy_busy() -> bool:
-    """True while the SQLAlchemy hook times a checkout or a statement in this thread or task."""
-    module = sys.modules.get(_SQLALCHEMY_HOOK)
-    return module is not None and bool(module.busy())
-
-
 # --- pools: names and state -------------------------------------------------------------------
 
 
@@ -239,93 +248,112 @@ def _pool_state(pool: Any) -> _PoolState:
 
 
 def _wrap_getconn(original: Callable[..., Any]) -> Callable[..., Any]:
+    # The beginning of a checkout is inline in both wrappers: it runs on every checkout of the service.
     if inspect.iscoroutinefunction(original):
 
         @functools.wraps(original)
         async def agetconn(self: Any, *args: Any, **kwargs: Any) -> Any:
-            checkout = _begin_checkout(self)
-            if checkout is None:
+            if runtime._writer is None or _busy_get() is _IN_CHECKOUT:
+                return await original(self, *args, **kwargs)  # not recording, or a checkout within one
+            try:
+                state = self.__dict__.get(_STATE_ATTR) or _pool_state(self)
+                start = _now()
+                if not 0 <= start - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+                    _read_gauges(self, state, start, False)  # before it queues: a caller served at once never waited
+                token = _busy_set(_IN_CHECKOUT)
+            except Exception as exc:
+                runtime.count_error(HOOK, exc)
                 return await original(self, *args, **kwargs)
+            request = _current_request()
             try:
                 conn = await original(self, *args, **kwargs)
             except BaseException as exc:
-                _end_checkout(self, checkout, None, exc)
+                _end_checkout(self, state, request, start, token, None, exc)
                 raise
-            _end_checkout(self, checkout, conn, None)
+            _end_checkout(self, state, request, start, token, conn, None)
             return conn
 
         return agetconn
 
     @functools.wraps(original)
     def getconn(self: Any, *args: Any, **kwargs: Any) -> Any:
-        checkout = _begin_checkout(self)
-        if checkout is None:
+        if runtime._writer is None or _busy_get() is _IN_CHECKOUT:
+            return original(self, *args, **kwargs)  # not recording, or a checkout within one
+        try:
+            state = self.__dict__.get(_STATE_ATTR) or _pool_state(self)
+            start = _now()
+            if not 0 <= start - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+                _read_gauges(self, state, start, False)  # before it queues: a caller served at once never waited
+            token = _busy_set(_IN_CHECKOUT)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
             return original(self, *args, **kwargs)
+        request = _current_request()
         try:
             conn = original(self, *args, **kwargs)
         except BaseException as exc:
-            _end_checkout(self, checkout, None, exc)
+            _end_checkout(self, state, request, start, token, None, exc)
             raise
-        _end_checkout(self, checkout, conn, None)
+        _end_checkout(self, state, request, start, token, conn, None)
         return conn
 
     return getconn
 
 
-def _begin_checkout(pool: Any) -> _Checkout | None:
-    """Start timing an outermost checkout; None when there is nothing to time (or the hook failed)."""
-    try:
-        if not runtime.active() or _checkout.get() is not None:
-            return None
-        state = _pool_state(pool)
-        checkout = _Checkout(state, runtime.current_request(), runtime.now_ns())
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
-        return None
-    try:
-        _read_gauges(pool, state)  # before it queues: a caller served at once never waited
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
-    checkout.token = _checkout.set(checkout)
-    return checkout
-
-
-def _end_checkout(pool: Any, checkout: _Checkout, conn: Any, error: BaseException | None) -> None:
-    end = runtime.now_ns()
+def _end_checkout(
+    pool: Any,
+    state: _PoolState,
+    request: runtime.RequestState | None,
+    start: int,
+    token: contextvars.Token[str | None],
+    conn: Any,
+    error: BaseException | None,
+) -> None:
+    end = _now()
     try:  # the re-entry guard first: it must never stay set
         try:
-            _checkout.reset(checkout.token)  # type: ignore[arg-type]
+            _busy_reset(token)
         except ValueError:  # not the context it was set in
-            _checkout.set(None)
+            _busy_set(None)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
-    state = checkout.state
-    elapsed = end - checkout.start_ns
+    elapsed = end - start
     connect_ns: int | None = None
     try:
-        opened = getattr(conn, _CONNECTED_ATTR, None) if conn is not None else None
-        if opened is not None and opened[1] > checkout.start_ns:  # opened while this caller waited
-            connect_ns = max(0, min(end, opened[1]) - max(checkout.start_ns, opened[0]))
-        if conn is not None and elapsed - (connect_ns or 0) >= WAITED_NS:
-            _read_gauges(pool, state, waited=True)  # how the pool looked while it waited
-        else:
-            _read_gauges(pool, state)
+        waited = False
+        if conn is not None:
+            opened = getattr(conn, _CONNECTED_ATTR, None)
+            if opened is not None and opened[1] > start:  # opened while this caller waited
+                connect_ns = max(0, min(end, opened[1]) - max(start, opened[0]))
+                waited = elapsed - connect_ns >= WAITED_NS
+            else:
+                waited = elapsed >= WAITED_NS
+        # waited: how the pool looked while it waited, at most every 10 ms
+        if not 0 <= end - state.gauged_at_ns < (WAITED_GAUGE_INTERVAL_NS if waited else GAUGE_INTERVAL_NS):
+            _read_gauges(pool, state, end, waited)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
     try:
         histogram = _wait_histogram
-        if histogram is not None:
+        # (a proxy with no SDK behind it records nothing: skip its call)
+        if histogram is not None and getattr(histogram, "_real_instrument", True) is not None:
             histogram.record(elapsed / 1e9, state.pool_attrs)
-        request = checkout.request
         if request is not None:
-            attrs = dict(state.attrs)
-            if connect_ns is not None:
-                attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
-            if error is not None:
-                attrs[ERROR_TYPE] = type(error).__qualname__
-            runtime.record(SEGMENT_CHECKOUT, DB_POOL, checkout.start_ns, end, attrs, state=request)
-        if conn is not None:
-            _begin_hold(conn, request, state, end)
+            attrs = state.attrs
+            if connect_ns is not None or error is not None:
+                attrs = dict(attrs)
+                if connect_ns is not None:
+                    attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
+                if error is not None:
+                    attrs[ERROR_TYPE] = type(error).__qualname__
+            _record(SEGMENT_CHECKOUT, DB_POOL, start, end, attrs, state=request, copy_attrs=False)
+        if conn is not None:  # the hold begins
+            if request is None or _sqlalchemy_busy():
+                # Outside a request nothing is held; under SQLAlchemy's checkout its hook marks the hold.
+                if getattr(conn, _HOLD_ATTR, None) is not None:
+                    conn._latprof_hold = None  # left by a connection returned while not recording
+            else:
+                conn._latprof_hold = (end, request, _current_parent(), state)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 
@@ -363,28 +391,42 @@ def _note_connected(conn: Any, start: int) -> None:
 # --- holds ------------------------------------------------------------------------------------
 
 
-def _begin_hold(conn: Any, request: runtime.RequestState | None, state: _PoolState, start: int) -> None:
-    if request is None or _sqlalchemy_busy():
-        # Outside a request nothing is held; under SQLAlchemy's checkout its hook marks the hold.
-        if getattr(conn, _HOLD_ATTR, None) is not None:
-            setattr(conn, _HOLD_ATTR, None)  # left by a connection returned while not recording
-        return
-    setattr(conn, _HOLD_ATTR, (start, request, runtime.current_parent(), state.name))
-
-
 def _wrap_putconn(original: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(original):
 
         @functools.wraps(original)
         async def aputconn(self: Any, conn: Any, *args: Any, **kwargs: Any) -> Any:
-            _returning(self, conn)
+            if runtime._writer is not None:
+                _returning(self, conn)
             return await original(self, conn, *args, **kwargs)
 
         return aputconn
 
     @functools.wraps(original)
     def putconn(self: Any, conn: Any, *args: Any, **kwargs: Any) -> Any:
-        _returning(self, conn)
+        if runtime._writer is not None:  # _returning(self, conn), inline: this runs on every return
+            try:
+                if getattr(conn, "_pool", None) is self:  # else not this pool's: the library raises
+                    end = _now()
+                    held = getattr(conn, _HOLD_ATTR, None)
+                    if held is not None:
+                        conn._latprof_hold = None
+                        start, request, parent, state = held
+                        _record(
+                            SEGMENT_CONNECTION_HOLD,
+                            None,
+                            start,
+                            end,
+                            state.pool_attrs,
+                            parent_id=_ROOT if parent is None else parent,
+                            state=request,
+                            copy_attrs=False,
+                        )
+                    state = self.__dict__.get(_STATE_ATTR)
+                    if state is not None and not 0 <= end - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+                        _read_gauges(self, state, end, False)
+            except Exception as exc:
+                runtime.count_error(HOOK, exc)
         return original(self, conn, *args, **kwargs)
 
     return putconn
@@ -393,61 +435,66 @@ def _wrap_putconn(original: Callable[..., Any]) -> Callable[..., Any]:
 def _returning(pool: Any, conn: Any) -> None:
     """A connection is being returned: end its hold, read the gauges (while others still wait for it)."""
     try:
-        if not runtime.active() or getattr(conn, "_pool", None) is not pool:
-            return  # not recording, or not this pool's: the library raises, nothing was held
-        end = runtime.now_ns()
+        if getattr(conn, "_pool", None) is not pool:
+            return  # not this pool's: the library raises, nothing was held
+        end = _now()
         held = getattr(conn, _HOLD_ATTR, None)
         if held is not None:
-            setattr(conn, _HOLD_ATTR, None)
-            start, request, parent, name = held
-            runtime.record(
+            conn._latprof_hold = None
+            start, request, parent, state = held
+            _record(
                 SEGMENT_CONNECTION_HOLD,
                 None,
                 start,
                 end,
-                {DB_POOL_NAME: name},
-                parent_id=runtime.ROOT if parent is None else parent,  # where the checkout was, not the return
+                state.pool_attrs,
+                parent_id=_ROOT if parent is None else parent,  # where the checkout was, not the return
                 state=request,
+                copy_attrs=False,
             )
         state = pool.__dict__.get(_STATE_ATTR)
-        if state is not None:
-            _read_gauges(pool, state)
+        if state is not None and not 0 <= end - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+            _read_gauges(pool, state, end, False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 
 
 # --- gauges -----------------------------------------------------------------------------------
 
+# The callers test whether a reading is due, inline (`not 0 <= now - state.gauged_at_ns <
+# interval`), with the wall clock they read anyway: one reading per 100 ms at most, or per 10 ms
+# when the checkout `waited`; a clock stepped backwards makes a reading due (and resets the limiter).
 
-def _read_gauges(pool: Any, state: _PoolState, waited: bool = False) -> None:
-    """Emit the pool's gauges if they changed and the last reading is 100 ms old, or 10 ms if a checkout `waited`.
+
+def _read_gauges(pool: Any, state: _PoolState, now: int, waited: bool) -> None:
+    """Emit the pool's gauges (due at `now`) if they changed, or always if a checkout `waited`.
 
     At the end of a checkout that waited, the caller has just left the queue: it is counted
     back among the waiters, so the reading says how the pool looked while it waited.
     """
-    now = time.monotonic_ns()
-    if now - state.gauged_at_ns < (WAITED_GAUGE_INTERVAL_NS if waited else GAUGE_INTERVAL_NS):
-        return
-    if not runtime.active():
-        return
-    state.gauged_at_ns = now
-    stats = pool.get_stats()
-    size = float(stats.get("pool_size", 0))
-    values = (
-        size,
-        float(stats.get("pool_max", -1)),
-        max(0.0, size - float(stats.get("pool_available", 0))),
-        float(stats.get("requests_waiting", 0) + (1 if waited else 0)),
-    )
-    if not waited and values == state.gauged:
-        return
-    state.gauged = values
-    attrs = state.pool_attrs
-    runtime.gauge(GAUGE_POOL_SIZE, values[0], attrs)
-    if values[1] >= 0:
-        runtime.gauge(GAUGE_POOL_MAX, values[1], attrs)
-    runtime.gauge(GAUGE_POOL_IN_USE, values[2], attrs)
-    runtime.gauge(GAUGE_POOL_WAITERS, values[3], attrs)
+    try:
+        if runtime._writer is None:
+            return
+        state.gauged_at_ns = now
+        stats = pool.get_stats()
+        size = float(stats.get("pool_size", 0))
+        values = (
+            size,
+            float(stats.get("pool_max", -1)),
+            max(0.0, size - float(stats.get("pool_available", 0))),
+            float(stats.get("requests_waiting", 0) + (1 if waited else 0)),
+        )
+        if not waited and values == state.gauged:
+            return
+        state.gauged = values
+        attrs = state.pool_attrs
+        runtime.gauge(GAUGE_POOL_SIZE, values[0], attrs)
+        if values[1] >= 0:
+            runtime.gauge(GAUGE_POOL_MAX, values[1], attrs)
+        runtime.gauge(GAUGE_POOL_IN_USE, values[2], attrs)
+        runtime.gauge(GAUGE_POOL_WAITERS, values[3], attrs)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
 
 
 # --- statements -------------------------------------------------------------------------------
@@ -458,71 +505,88 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
 
         @functools.wraps(original)
         async def aexecute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-            pending = _begin_statement(self)
-            if pending is None:
+            request = _current_request()
+            if request is None or runtime._writer is None or _busy_get() is not None or not _pooled(self):
                 return await original(self, query, *args, **kwargs)
+            start = _now()
+            token = _busy_set(_IN_STATEMENT)
             try:
                 result = await original(self, query, *args, **kwargs)
             except BaseException as exc:
-                _end_statement(self, query, pending, exc)
+                _end_statement(self, query, request, start, token, exc)
                 raise
-            _end_statement(self, query, pending, None)
+            _end_statement(self, query, request, start, token, None)
             return result
 
         return aexecute
 
     @functools.wraps(original)
     def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        pending = _begin_statement(self)
-        if pending is None:
+        request = _current_request()
+        if request is None or runtime._writer is None or _busy_get() is not None or not _pooled(self):
             return original(self, query, *args, **kwargs)
+        start = _now()
+        token = _busy_set(_IN_STATEMENT)
         try:
             result = original(self, query, *args, **kwargs)
         except BaseException as exc:
-            _end_statement(self, query, pending, exc)
+            _end_statement(self, query, request, start, token, exc)
             raise
-        _end_statement(self, query, pending, None)
+        _end_statement(self, query, request, start, token, None)
         return result
 
     return execute
 
 
-_Pending = tuple[int, runtime.RequestState, "contextvars.Token[bool]"]
-
-
-def _begin_statement(cursor: Any) -> _Pending | None:
-    """Start timing a statement of a pooled connection inside a request; None to leave it alone."""
-    request = runtime.current_request()
-    if request is None:
-        return None
-    try:
-        if _executing.get() or _checkout.get() is not None or not runtime.active():
-            return None
-        if getattr(cursor.connection, "_pool", None) is None or _sqlalchemy_busy():
-            return None  # not a pool's connection, or SQLAlchemy's hook times it
-        return runtime.now_ns(), request, _executing.set(True)
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
-        return None
-
-
-def _end_statement(cursor: Any, query: Any, pending: _Pending, error: BaseException | None) -> None:
-    end = runtime.now_ns()
-    start, request, token = pending
+def _pooled(cursor: Any) -> bool:
+    """True for a cursor of a pool's connection whose statement is this hook's (not SQLAlchemy's)."""
     try:
         try:
-            _executing.reset(token)
-        except ValueError:  # not the context it was set in
-            _executing.set(False)
-        summary, operation = summarize(_statement_text(query, cursor))
-        attrs: dict[str, Any] = {DB_SYSTEM_NAME: SYSTEM, DB_QUERY_SUMMARY: summary}
-        if operation:
-            attrs[DB_OPERATION_NAME] = operation
-        if error is not None:
-            attrs[ERROR_TYPE] = type(error).__qualname__
-        runtime.record(summary, DB_QUERY, start, end, attrs, state=request)
+            conn = cursor._conn  # what the `connection` property returns, without its frame
+        except AttributeError:
+            conn = cursor.connection
+        if getattr(conn, "_pool", None) is None:
+            return False  # not a pool's connection
+        return not _sqlalchemy_busy()  # else SQLAlchemy's hook times it
     except Exception as exc:
         runtime.count_error(HOOK, exc)
+        return False
+
+
+def _end_statement(
+    cursor: Any, query: Any, request: runtime.RequestState, start: int, token: contextvars.Token[str | None], error: BaseException | None
+) -> None:
+    end = _now()
+    try:
+        try:
+            _busy_reset(token)
+        except ValueError:  # not the context it was set in
+            _busy_set(None)
+        if type(query) is str and len(query) <= STATEMENT_SCAN_CHARS:
+            known = _statements.get(query)
+            if known is None:
+                known = _statement_segment(query)
+                if len(_statements) >= STATEMENT_CACHE_SIZE:
+                    _statements.clear()
+                _statements[query] = known
+        else:
+            known = _statement_segment(_statement_text(query, cursor))
+        name, attrs = known
+        if error is not None:
+            attrs = dict(attrs)
+            attrs[ERROR_TYPE] = type(error).__qualname__
+        _record(name, DB_QUERY, start, end, attrs, state=request, copy_attrs=False)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+
+
+def _statement_segment(text: str) -> tuple[str, dict[str, Any]]:
+    """The segment name and attributes of a statement (shared, never mutated)."""
+    summary, operation = summarize(text)
+    attrs: dict[str, Any] = {DB_SYSTEM_NAME: SYSTEM, DB_QUERY_SUMMARY: summary}
+    if operation:
+        attrs[DB_OPERATION_NAME] = operation
+    return summary, attrs
 
 
 def _statement_text(query: Any, cursor: Any) -> str:
@@ -541,4 +605,3 @@ def _statement_text(query: Any, cursor: Any) -> str:
     if isinstance(strings, tuple):
         return " ? ".join(s for s in strings if isinstance(s, str))
     return ""
-

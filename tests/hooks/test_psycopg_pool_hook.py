@@ -313,6 +313,55 @@ def test_a_failing_statement_is_recorded_with_its_error_type(recorded, conninfo)
     assert_private(recorded)
 
 
+def test_shared_segment_attributes_are_never_changed_by_a_failure(recorded, conninfo):
+    # A checkout's and a statement's attributes are built once per pool and statement text and
+    # shared by their segments: an error or a connect time goes into a copy, never into them.
+    statement = "SELECT 1 / %s"
+    with sync_pool(conninfo, min_size=0, max_size=1, name="latprof-shared") as pool:
+        token = runtime.begin_request("GET /shared", runtime.now_ns())
+        for divisor in (1, 0, 1):
+            with pool.connection() as conn:
+                if divisor:
+                    assert conn.execute(statement, (divisor,)).fetchone() == (1,)
+                else:
+                    with pytest.raises(psycopg.errors.DivisionByZero):
+                        conn.execute(statement, (divisor,))
+        with pool.connection(), pytest.raises(PoolTimeout):
+            pool.getconn(timeout=0.05)
+        with pool.connection():
+            pass
+        runtime.end_request(token)
+    mine = segments(recorded, request_of(recorded, "GET /shared").request_id)
+    queries = [s for s in mine if s.layer == DB_QUERY]
+    assert [hook.ERROR_TYPE in s.attrs for s in queries] == [False, True, False]
+    assert queries[0].attrs == queries[2].attrs == {DB_SYSTEM_NAME: "postgresql", DB_QUERY_SUMMARY: "SELECT", DB_OPERATION_NAME: "SELECT"}
+    checkouts = [s for s in mine if s.layer == DB_POOL]
+    assert len(checkouts) == 6
+    assert hook.CONNECT_MS in checkouts[0].attrs  # min_size=0: the first one waited for the connection to open
+    assert checkouts[4].attrs[hook.ERROR_TYPE] == "PoolTimeout"
+    plain = {DB_POOL_NAME: "latprof-shared", DB_SYSTEM_NAME: "postgresql"}
+    assert [s.attrs for s in checkouts[1:4]] + [checkouts[5].attrs] == [plain] * 4
+    assert {tuple(s.attrs.items()) for s in mine if s.name == SEGMENT_CONNECTION_HOLD} == {((DB_POOL_NAME, "latprof-shared"),)}
+    assert not hook_errors(recorded) and hook.HOOK not in runtime.errors()
+
+
+def test_the_statement_cache_is_bounded(recorded, conninfo, monkeypatch):
+    monkeypatch.setattr(hook, "STATEMENT_CACHE_SIZE", 3)
+    monkeypatch.setattr(hook, "_statements", {})
+    long_statement = "SELECT 1 AS " + "x" * hook.STATEMENT_SCAN_CHARS
+    with sync_pool(conninfo, min_size=1, max_size=1) as pool:
+        token = runtime.begin_request("GET /many", runtime.now_ns())
+        with pool.connection() as conn:
+            for n in range(10):
+                conn.execute(f"SELECT {n} FROM pg_class LIMIT 1")
+                assert len(hook._statements) <= 3
+            conn.execute(long_statement)  # too long to be remembered: summarised all the same
+        runtime.end_request(token)
+    assert long_statement not in hook._statements
+    names = [s.name for s in segments(recorded) if s.layer == DB_QUERY]
+    assert names == ["SELECT pg_class"] * 10 + ["SELECT"]
+
+
 def test_a_composed_statement_is_summarised_without_its_literals(recorded, conninfo):
     from psycopg import sql
 

@@ -351,6 +351,79 @@ def test_a_failing_statement_is_recorded_with_its_error_type(recorded, sqlite_en
     assert query.name == "SELECT no_such_table" and query.attrs[hook.ERROR_TYPE] == "OperationalError"
 
 
+def test_shared_segment_attributes_are_never_changed_by_a_failure(recorded, sqlite_engine):
+    # A checkout's and a statement's attributes are built once per pool and statement text and
+    # shared by their segments: an error goes into a copy, never into them.
+    token = runtime.begin_request("POST /shared", runtime.now_ns())
+    with sqlite_engine.begin() as conn:
+        conn.execute(text("CREATE TABLE items (id INTEGER PRIMARY KEY)"))
+    insert = text("INSERT INTO items (id) VALUES (:id)")
+    for item in (1, 1, 2):
+        with sqlite_engine.connect() as conn:
+            if item == 2 or conn.execute(text("SELECT count(*) FROM items")).scalar() == 0:
+                conn.execute(insert, {"id": item})
+                conn.commit()
+            else:
+                with pytest.raises(sqlalchemy.exc.IntegrityError):
+                    conn.execute(insert, {"id": item})
+    runtime.end_request(token)
+    mine = segments(recorded, request_of(recorded, "POST /shared").request_id)
+    inserts = [s for s in mine if s.name == "INSERT items"]
+    assert [hook.ERROR_TYPE in s.attrs for s in inserts] == [False, True, False]
+    assert inserts[0].attrs == inserts[2].attrs == {DB_SYSTEM_NAME: "sqlite", DB_QUERY_SUMMARY: "INSERT items", DB_OPERATION_NAME: "INSERT"}
+    checkouts = [s for s in mine if s.layer == DB_POOL]
+    assert len(checkouts) == 4 and all(hook.ERROR_TYPE not in s.attrs for s in checkouts)
+    assert len({tuple(s.attrs.items()) for s in checkouts if hook.CONNECT_MS not in s.attrs}) == 1
+    assert not [q for q in recorded if isinstance(q, QualityRecord)] and hook.HOOK not in runtime.errors()
+
+
+def test_a_new_engines_first_connect_statements_belong_to_its_checkout(recorded, pg_dsn):
+    # The dialect initialises itself on the first connection, inside the checkout: its own
+    # statements (server version, settings) are not the service's.
+    engine = create_engine(pg_dsn, pool_size=1, max_overflow=0)
+    try:
+        token = runtime.begin_request("GET /first", runtime.now_ns())
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT 1")).scalar() == 1
+        runtime.end_request(token)
+    finally:
+        engine.dispose()
+    mine = segments(recorded, request_of(recorded, "GET /first").request_id)
+    assert [s.layer or s.name for s in mine] == [DB_POOL, DB_QUERY, SEGMENT_CONNECTION_HOLD]
+    assert hook.CONNECT_MS in mine[0].attrs and mine[1].name == "SELECT"
+
+
+def test_a_dialect_class_loaded_after_install_is_timed_once_even_calling_its_base(recorded, tmp_path):
+    from sqlalchemy.dialects import registry
+    from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+
+    executed = []
+
+    class OverridingDialect(SQLiteDialect_pysqlite):
+        supports_statement_cache = True
+
+        def do_execute(self, cursor, statement, parameters, context=None):
+            executed.append(statement)
+            super().do_execute(cursor, statement, parameters, context)
+
+    registry.impls["sqlite.latproftest"] = lambda: OverridingDialect
+    try:
+        engine = create_engine(f"sqlite+latproftest:///{tmp_path / 'o.db'}")
+        assert hasattr(OverridingDialect.__dict__["do_execute"], "__latprof_original__")
+        token = runtime.begin_request("GET /override", runtime.now_ns())
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM sqlite_master WHERE name = :n"), {"n": SECRET}).scalar() == 0
+        runtime.end_request(token)
+        engine.dispose()
+        hook.uninstall()
+        assert not hasattr(OverridingDialect.__dict__["do_execute"], "__latprof_original__")
+    finally:
+        registry.impls.pop("sqlite.latproftest", None)
+    assert executed == ["SELECT count(*) FROM sqlite_master WHERE name = ?"]
+    assert [s.name for s in segments(recorded) if s.layer == DB_QUERY] == ["SELECT sqlite_master"]
+    assert_private(recorded)
+
+
 def test_a_checkout_timeout_is_a_pool_segment_with_its_error(recorded, tmp_path):
     engine = create_engine(f"sqlite:///{tmp_path / 't.db'}", pool_size=1, max_overflow=0, pool_timeout=0.2)
     token = runtime.begin_request("GET /timeout", runtime.now_ns())
@@ -418,6 +491,44 @@ def test_a_service_that_never_imports_sqlalchemy_does_not_load_it():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
+
+
+ENGINE_EVENTS_SERVICE = textwrap.dedent(
+    """
+    import sys
+    from latprof.collectors import runtime
+    from latprof.collectors import sqlalchemy as hook
+
+    class Writer:
+        events = []
+        def emit(self, event):
+            self.events.append(event)
+
+    runtime.start(Writer())
+    hook.install()  # before the service imports SQLAlchemy, as under `latprof run`
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import Engine
+    engine = create_engine("sqlite:///" + sys.argv[1])
+    token = runtime.begin_request("GET /x", runtime.now_ns())
+    with engine.connect() as conn:
+        conn.execute(text("select 1"))
+    runtime.end_request(token)
+    engine.dispose()
+    names = sorted(e.name for e in Writer.events if type(e).__name__ == "Segment")
+    print(Engine._has_events, engine._has_events, names)
+    """
+)
+
+
+def test_engines_pay_no_connection_event_dispatch_for_the_hook(tmp_path):
+    # A listener on Engine (before_cursor_execute, engine_disposed, ...) makes SQLAlchemy build
+    # and consult an event dispatcher for every connection and execution, hook or not: the
+    # statements are timed around the dialect's execution methods instead.
+    result = subprocess.run(
+        [sys.executable, "-c", ENGINE_EVENTS_SERVICE, str(tmp_path / "e.db")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"False False {sorted(['SELECT', 'db.connection.hold', hook.SEGMENT_CHECKOUT])}"
 
 
 OTEL_SERVICE = textwrap.dedent(
