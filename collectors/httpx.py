@@ -51,9 +51,11 @@ Patch points, each wrapped once and only on the class that defines it (`uninstal
   ends the segments when the response is closed; every other attribute (httpx2's
   `elapsed`) is forwarded. Nothing is sent, read or changed on the service's behalf.
 - `ConnectionPool.handle_request` / `AsyncConnectionPool.handle_async_request` (httpcore's
-  `_sync` / `_async` `connection_pool`): notes which pool the request is in (a context
-  variable), for the wait and the gauges.
-- `PoolRequest.wait_for_connection` / `AsyncPoolRequest.wait_for_connection`: the wait itself.
+  `_sync` / `_async` `connection_pool`): inside a request, notes which pool the request is in
+  (an attribute on httpcore's request object, which its `PoolRequest` holds), for the wait, and
+  reads the gauges when due.
+- `PoolRequest.wait_for_connection` / `AsyncPoolRequest.wait_for_connection`: the wait itself
+  (a request that already has its connection costs an attribute read).
 
 Outside a request nothing is recorded (not even gauges) and each patched call costs a
 context-variable read. Every error of the hook is counted, never raised into the service.
@@ -61,11 +63,11 @@ context-variable read. Every error of the hook is counted, never raised into the
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import importlib
 import itertools
 import os
+import re
 import sys
 import time
 import zlib
@@ -142,8 +144,11 @@ _STATE_ATTR = "_latprof_http_pool"  # on a pool instance: its _PoolState
 _installed = False
 _patches: list[tuple[type, str, Any]] = []  # (class, attribute, original) in patch order
 _pool_numbers = itertools.count(1)
-#: The pool (and its family) the current request is being sent through, inside handle_request.
-_pool: contextvars.ContextVar[tuple[Any, _Family] | None] = contextvars.ContextVar("latprof_httpx_pool", default=None)
+#: On an httpcore `Request` sent inside a request: the pool its `handle_request` is sending it
+#: through (the `PoolRequest` that waits holds the same request object).
+_POOL_ATTR = "_latprof_pool"
+_request_var = runtime._request  # runtime.current_request() without the call
+_parent_var = runtime._parent  # runtime.current_parent(), and nesting without a context manager
 
 
 class _Family:
@@ -241,9 +246,9 @@ def _core_patcher(family: _Family) -> Callable[[Any], None]:
         sync = importlib.import_module(f"{family.core}._sync.connection_pool")
         asynchronous = importlib.import_module(f"{family.core}._async.connection_pool")
         _patch(sync.ConnectionPool, "handle_request", lambda original: _sync_handle_request(original, family))
-        _patch(sync.PoolRequest, "wait_for_connection", _sync_wait_for_connection)
+        _patch(sync.PoolRequest, "wait_for_connection", lambda original: _sync_wait_for_connection(original, family))
         _patch(asynchronous.AsyncConnectionPool, "handle_async_request", lambda original: _async_handle_request(original, family))
-        _patch(asynchronous.AsyncPoolRequest, "wait_for_connection", _async_wait_for_connection)
+        _patch(asynchronous.AsyncPoolRequest, "wait_for_connection", lambda original: _async_wait_for_connection(original, family))
 
     return patch_core
 
@@ -314,43 +319,39 @@ def _read_gauges(pool: Any, state: _PoolState, *, waiting: bool) -> None:
     runtime.gauge(GAUGE_HTTP_POOL_WAITERS, waiters, attrs)
 
 
-def _entered(pool: Any, family: _Family) -> contextvars.Token[tuple[Any, _Family] | None] | None:
-    """A request entered `pool` inside a request: note the pool, maybe read its gauges."""
-    if runtime.current_request() is None or not runtime.active():
-        return None
+def _entered(pool: Any, request: Any, family: _Family) -> None:
+    """A request entered `pool` inside a request: note the pool on it (for its wait), maybe read the gauges."""
     try:
-        _read_gauges(pool, _pool_state(pool, family), waiting=False)
+        request._latprof_pool = pool  # _POOL_ATTR: the same object the pool's PoolRequest waits with
+        state: _PoolState | None = pool.__dict__.get(_STATE_ATTR)
+        if state is None:
+            state = _pool_state(pool, family)
+        if _monotonic() - state.gauged_at_ns >= GAUGE_INTERVAL_NS:
+            _read_gauges(pool, state, waiting=False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
-    return _pool.set((pool, family))
-
-
-def _left(token: contextvars.Token[tuple[Any, _Family] | None] | None) -> None:
-    if token is not None:
-        try:
-            _pool.reset(token)
-        except ValueError:  # not the context it was set in
-            _pool.set(None)
 
 
 def _sync_handle_request(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
     def handle_request(self: Any, request: Any) -> Any:
-        token = _entered(self, family)
-        try:
-            return original(self, request)
-        finally:
-            _left(token)
+        if _request_var.get() is not None and runtime._writer is not None:
+            try:  # _entered, inlined
+                request._latprof_pool = self
+                state = self.__dict__.get(_STATE_ATTR)
+                if state is None or _monotonic() - state.gauged_at_ns >= GAUGE_INTERVAL_NS:
+                    _read_gauges(self, state or _pool_state(self, family), waiting=False)
+            except Exception as exc:
+                runtime.count_error(HOOK, exc)
+        return original(self, request)
 
     return handle_request
 
 
 def _async_handle_request(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
     async def handle_async_request(self: Any, request: Any) -> Any:
-        token = _entered(self, family)
-        try:
-            return await original(self, request)
-        finally:
-            _left(token)
+        if _request_var.get() is not None and runtime._writer is not None:
+            _entered(self, request, family)
+        return await original(self, request)
 
     return handle_async_request
 
@@ -382,12 +383,13 @@ class _Wait:
         runtime.record(self.state.segment_name, HTTP_POOL, self.start_ns, end, attrs, parent_id=self.parent_id or runtime.ROOT, state=self.request)
 
 
-def _begin_wait(pool_request: Any) -> _Wait | None:
-    current = _pool.get()
-    if current is None or pool_request.connection is not None:  # outside a request, or served at once
-        return None
+def _begin_wait(pool_request: Any, family: _Family) -> _Wait | None:
+    """A request of a pool starting to wait for a connection (`pool_request.connection` is None)."""
     try:
-        return _Wait(pool_request, *current)
+        pool = getattr(pool_request.request, _POOL_ATTR, None)  # set by handle_request inside a request
+        if pool is None or _request_var.get() is None:  # outside a request
+            return None
+        return _Wait(pool_request, pool, family)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
         return None
@@ -400,9 +402,11 @@ def _end_wait(wait: _Wait, error: BaseException | None) -> None:
         runtime.count_error(HOOK, exc)
 
 
-def _sync_wait_for_connection(original: Callable[..., Any]) -> Callable[..., Any]:
+def _sync_wait_for_connection(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
     def wait_for_connection(self: Any, *args: Any, **kwargs: Any) -> Any:
-        wait = _begin_wait(self)
+        if self.connection is not None:  # served at once: no wait
+            return original(self, *args, **kwargs)
+        wait = _begin_wait(self, family)
         if wait is None:
             return original(self, *args, **kwargs)
         try:
@@ -416,9 +420,11 @@ def _sync_wait_for_connection(original: Callable[..., Any]) -> Callable[..., Any
     return wait_for_connection
 
 
-def _async_wait_for_connection(original: Callable[..., Any]) -> Callable[..., Any]:
+def _async_wait_for_connection(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
     async def wait_for_connection(self: Any, *args: Any, **kwargs: Any) -> Any:
-        wait = _begin_wait(self)
+        if self.connection is not None:
+            return await original(self, *args, **kwargs)
+        wait = _begin_wait(self, family)
         if wait is None:
             return await original(self, *args, **kwargs)
         try:
@@ -448,14 +454,27 @@ class _Exchange:
     def __init__(self, state: runtime.RequestState, request: Any) -> None:
         self.start_ns = self.last_ns = _now()
         self.state = state
-        self.parent_id: str | None = runtime.current_parent()
+        self.parent_id: str | None = _parent_var.get()
         self.segment_id = runtime.new_id()
         url = request.url
-        self.method = str(request.method)
-        self.host = str(url.host)
-        self.port = url.port or _DEFAULT_PORTS.get(url.scheme)
-        path = url.path
-        self.llm = llm_path(path)
+        method = request.method
+        self.method = method if type(method) is str else str(method)
+        parts = getattr(url, "_uri_reference", None)  # httpx's and httpx2's parsed URL: its properties do work
+        if parts is not None:
+            host = parts.host
+            if "xn--" in host:  # an IDNA host: the library decodes it (each its own way)
+                host = url.host
+            port = parts.port
+            path = parts.path or "/"
+            if "%" in path:  # percent-encoded: the library unquotes it
+                path = url.path
+            self.host = host
+            self.port = port or _DEFAULT_PORTS.get(parts.scheme)
+        else:
+            self.host = str(url.host)
+            self.port = url.port or _DEFAULT_PORTS.get(url.scheme)
+            path = url.path
+        self.llm = llm_path(path) if path.rstrip("/").endswith(LLM_PATHS) else None
         self.status: int | None = None
         self.error: BaseException | None = None
         self.ended = False  # the body was read to its end
@@ -468,7 +487,8 @@ class _Exchange:
         self.answer: list[bytes] | None = None
         self.answer_size = 0
         if self.llm is None:
-            self.depends = _tools.depends_on(state, getattr(url, "raw_path", b""), getattr(request, "_content", None))
+            if state.scratch is not None:  # an earlier call of the request may have answered something
+                self.depends = _depends_on(state, url, request)
             self.answer = []
         else:  # what only an LLM call needs
             self.provider_name = _provider_name(self.llm, path)
@@ -490,15 +510,18 @@ class _Exchange:
     def responded(self, response: Any, watch: Any) -> None:
         """`send` returned `response`: finish now if it is closed, else watch its stream until it is."""
         try:
-            self.last_ns = _now()
+            self.last_ns = now = _now()
             self.status = response.status_code
             if response.is_closed:
                 self.ended = True
-                if self.answer is not None:
+                if self.llm is None and not self.done:  # `finish`, for the usual call, without its layers
+                    self.done = True
                     content = getattr(response, "_content", None)  # read whole by send(stream=False)
                     if isinstance(content, bytes):
-                        self.answer = [content[: _tools.MAX_SCAN_BYTES]]
-                self.finish()
+                        self.answer = [content]  # _answered keeps at most MAX_SCAN_BYTES of it
+                    self._record_tool(now, None)
+                else:
+                    self.finish(end_ns=now)
                 return
             if self.llm is not None:
                 self._prepare(response.headers)
@@ -550,8 +573,10 @@ class _Exchange:
         if self.error is None:
             self.error = error
 
-    def finish(self, error: BaseException | None = None, *, abandoned: bool = False, collected: bool = False) -> None:
-        """Record the call's segments: at now, or at the last chunk read when `abandoned`.
+    def finish(
+        self, error: BaseException | None = None, *, abandoned: bool = False, collected: bool = False, end_ns: int = 0
+    ) -> None:
+        """Record the call's segments: at now (or `end_ns`), or at the last chunk read when `abandoned`.
 
         `collected`: called by the garbage collector, which may run while this thread holds
         the runtime's error lock: an error is then dropped, not counted.
@@ -560,7 +585,7 @@ class _Exchange:
             return
         self.done = True
         try:
-            end = self.last_ns if abandoned else _now()
+            end = self.last_ns if abandoned else (end_ns or _now())
             error = error or self.error
             self.error = None  # a response may outlive its call: keep no traceback alive
             if self.llm is None:
@@ -587,15 +612,22 @@ class _Exchange:
         return self.parent_id if self.parent_id is not None else runtime.ROOT
 
     def _record_tool(self, end: int, error: BaseException | None) -> None:
-        name = f"HTTP {self.method} {self.host}"
-        attrs = self._http_attrs(error)
+        method, host, port, status = self.method, self.host, self.port, self.status
+        if error is None and port is not None and status is not None and status < 400:  # the usual answer
+            attrs = {HTTP_REQUEST_METHOD: method, SERVER_ADDRESS: host, SERVER_PORT: port, HTTP_STATUS_CODE: status}
+        else:
+            attrs = self._http_attrs(error)
         if self.depends is not None:
             attrs[TOOL_DEPENDS_ON] = self.depends
-        runtime.record(name, TOOL, self.start_ns, end, attrs, parent_id=self._parent(),
+        parent = self.parent_id
+        runtime.record(f"HTTP {method} {host}", TOOL, self.start_ns, end, attrs,
+                       parent_id=parent if parent is not None else runtime.ROOT,
                        segment_id=self.segment_id, state=self.state, copy_attrs=False)
         answer, self.answer = self.answer, None
         if answer and error is None:
-            _tools.answered(self.state, self.segment_id, b"".join(answer))
+            body = answer[0] if len(answer) == 1 else b"".join(answer)
+            if _find_digit(body, 0, _tools.MAX_SCAN_BYTES) is not None:  # else it has no value to keep
+                _answered(self.state, self.segment_id, body)
 
     def _record_llm(self, end: int, error: BaseException | None, abandoned: bool) -> None:
         suffix = self.llm or ""
@@ -734,10 +766,63 @@ def _provider_name(suffix: str, path: str) -> str | None:
     return None
 
 
+# --- which calls depend on an earlier one (collectors/_tools.py), tokenised only when asked ------
+#
+# `_tools.answered` tokenises an answer at once; most answers are never asked about (no later
+# call of the request sends anything id-like). So an answer is kept, as its first
+# MAX_SCAN_BYTES, in the request's scratch space (`_PENDING`, at most `_tools.MAX_CALLS` of
+# them: the oldest is tokenised when one more comes) and handed to `_tools.answered`, in order,
+# only when a later call sends something that could be a value (a token has a digit). An answer
+# without a digit has no value: it is not kept. What `depends_on` finds is what it would have.
+
+_PENDING = "httpx.answers"
+_find_digit = re.compile(rb"[0-9]").search  # every value `_tools.tokens` finds has one
+
+
+def _answered(state: runtime.RequestState, segment_id: str, body: bytes) -> None:
+    """The call `segment_id` answered `body` (what the caller read of it, with a digit in its
+    first MAX_SCAN_BYTES): keep it for `_depends_on`."""
+    scratch = state.scratch
+    if scratch is None:
+        scratch = state.scratch = {}
+    pending: list[tuple[str, bytes]] | None = scratch.get(_PENDING)
+    if pending is None:
+        pending = scratch[_PENDING] = []
+    pending.append((segment_id, body[: _tools.MAX_SCAN_BYTES]))
+    if len(pending) > _tools.MAX_CALLS:
+        _tools.answered(state, *pending.pop(0))
+
+
+def _depends_on(state: runtime.RequestState, url: Any, request: Any) -> str | None:
+    """`_tools.depends_on` for this call (its path and query, and its body when given as bytes)."""
+    scratch = state.scratch
+    if scratch is None:
+        return None
+    pending = scratch.get(_PENDING)
+    if not pending and not scratch.get(_tools._KEY):
+        return None
+    target = getattr(url, "raw_path", b"")
+    if not isinstance(target, bytes):
+        target = str(target).encode("utf-8", "replace")
+    body = getattr(request, "_content", None)
+    if not isinstance(body, (bytes, bytearray)):
+        body = None
+    if _find_digit(target) is None and (body is None or _find_digit(body, 0, _tools.MAX_SCAN_BYTES) is None):
+        return None  # nothing it sends can be a value
+    if pending:
+        for segment_id, answer in pending:
+            _tools.answered(state, segment_id, answer)
+        pending.clear()
+    return _tools.depends_on(state, target, body)
+
+
+# --- send --------------------------------------------------------------------------------------
+
+
 def _begin(request: Any) -> _Exchange | None:
     """A call to record, or None outside a request, inside an SDK call, or when the hook fails."""
-    state = runtime.current_request()
-    if state is None or not runtime.active() or _in_sdk_call.get():
+    state = _request_var.get()
+    if state is None or runtime._writer is None or _in_sdk_call.get():
         return None
     try:
         return _Exchange(state, request)
@@ -747,38 +832,46 @@ def _begin(request: Any) -> _Exchange | None:
 
 
 def _nest(exchange: _Exchange) -> Any:
-    """Make the pool wait of this call a child of its segment (until `_unnest`)."""
+    """Make the pool wait of this call a child of its segment (until `_unnest`): a token."""
     try:
-        nesting = runtime.nested_under(exchange.segment_id)
-        nesting.__enter__()
-        return nesting
+        return _parent_var.set(exchange.segment_id)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
         return None
 
 
-def _unnest(nesting: Any) -> None:
-    if nesting is not None:
+def _unnest(token: Any) -> None:
+    if token is not None:
         try:
-            nesting.__exit__(None, None, None)
+            _parent_var.reset(token)
+        except ValueError:  # left from another context
+            pass
         except Exception as exc:
             runtime.count_error(HOOK, exc)
 
 
 def _sync_send(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        exchange = _begin(request)
-        if exchange is None:
+        state = _request_var.get()  # _begin, inlined
+        if state is None or runtime._writer is None or _in_sdk_call.get():
+            return original(self, request, *args, **kwargs)
+        try:
+            exchange = _Exchange(state, request)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
             return original(self, request, *args, **kwargs)
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
-        token = _nest(exchange)
+        token = _parent_var.set(exchange.segment_id)  # _nest: the pool wait of this call is its child
         try:
             response = original(self, request, *args, **({**kwargs, "stream": True} if read_here else kwargs))
         except BaseException as exc:
             exchange.finish(exc)
             raise
         finally:
-            _unnest(token)
+            try:  # _unnest
+                _parent_var.reset(token)
+            except ValueError:  # left from another context
+                pass
         exchange.responded(response, family.sync_watch)
         if read_here:  # what send(stream=False) does, now that the stream is watched
             try:
@@ -794,18 +887,26 @@ def _sync_send(original: Callable[..., Any], family: _Family) -> Callable[..., A
 
 def _async_send(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
     async def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        exchange = _begin(request)
-        if exchange is None:
+        state = _request_var.get()  # _begin, inlined
+        if state is None or runtime._writer is None or _in_sdk_call.get():
+            return await original(self, request, *args, **kwargs)
+        try:
+            exchange = _Exchange(state, request)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
             return await original(self, request, *args, **kwargs)
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
-        token = _nest(exchange)
+        token = _parent_var.set(exchange.segment_id)  # _nest: the pool wait of this call is its child
         try:
             response = await original(self, request, *args, **({**kwargs, "stream": True} if read_here else kwargs))
         except BaseException as exc:
             exchange.finish(exc)
             raise
         finally:
-            _unnest(token)
+            try:  # _unnest
+                _parent_var.reset(token)
+            except ValueError:  # left from another context
+                pass
         exchange.responded(response, family.async_watch)
         if read_here:
             try:

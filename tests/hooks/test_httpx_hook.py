@@ -587,3 +587,42 @@ def test_latprof_run_on_a_service_with_a_shared_client_pool_too_small_is_an_http
     evidence = finding["evidence"]
     assert evidence["hosts"] == ["127.0.0.1"]
     assert evidence["max_connections"] == [2] and evidence["peak_in_use"] == 2 and evidence["peak_waiters"] >= 4, evidence
+
+
+def test_answers_are_tokenised_only_when_a_later_call_sends_a_value_and_depends_on_is_unchanged(recorded):
+    """An answer is kept (its first MAX_SCAN_BYTES, at most MAX_CALLS of them) until a later call
+    sends something id-like; `latprof.tool.depends_on` names what `_tools` would have named."""
+    from latprof.collectors import _tools
+    from latprof.semconv import TOOL_DEPENDS_ON
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/customer":
+            return httpx.Response(200, content=b'{"id": "cust_48213"}')
+        if request.url.path.startswith("/ids/"):
+            return httpx.Response(200, content=b'{"n": "id_%s_0001"}' % request.url.path[5:].encode())
+        return httpx.Response(200, content=b'{"ok": true}')  # no digit: nothing to keep
+
+    def calls() -> dict[str, Any]:
+        state = runtime.current_request()
+        with httpx.Client(transport=httpx.MockTransport(answer)) as client:
+            client.get("http://tools.test/customer")
+            for _ in range(_tools.MAX_CALLS + 4):  # answers without a value evict nothing
+                client.get("http://tools.test/plain")
+            pending_before = list(state.scratch[hook._PENDING])
+            client.get("http://tools.test/tickets", params={"of": "cust_48213"})
+            client.post("http://tools.test/search", content=b'{"customer": "cust_48213"}')
+            for i in range(_tools.MAX_CALLS * 2):  # memory stays bounded
+                client.get(f"http://tools.test/ids/{i}")
+            return {"pending_before": pending_before, "pending": len(state.scratch[hook._PENDING]),
+                    "tools": len(state.scratch.get(_tools._KEY, []))}
+
+    found = in_request(calls)
+    tool = segments(recorded, TOOL)
+    customer = tool[0]
+    assert found["pending_before"] == [(customer.segment_id, b'{"id": "cust_48213"}')]
+    by_name = [s for s in tool if TOOL_DEPENDS_ON in s.attrs]
+    assert [s.attrs[TOOL_DEPENDS_ON] for s in by_name] == [customer.segment_id, customer.segment_id]
+    assert by_name[0].attrs["http.request.method"] == "GET" and by_name[1].attrs["http.request.method"] == "POST"
+    assert found["pending"] <= _tools.MAX_CALLS and found["tools"] <= _tools.MAX_CALLS
+    assert not [s for s in tool[1 : _tools.MAX_CALLS + 5] if TOOL_DEPENDS_ON in s.attrs]
+    assert all(s.attrs["server.port"] == 80 and s.attrs["http.response.status_code"] == 200 for s in tool)
