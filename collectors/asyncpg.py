@@ -46,7 +46,6 @@ import contextvars
 import functools
 import os
 import threading
-import time
 import types
 from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs, unquote
@@ -81,42 +80,51 @@ OTEL_WAIT_TIME = semconv.METRIC_DB_CONNECTION_WAIT_TIME  # its attribute is DB_P
 GAUGE_INTERVAL_NS = 100_000_000
 #: Longest pool name kept.
 MAX_NAME_CHARS = 200
+#: Statement summaries whose segment attributes are kept ready, at most; emptied when full.
+STATEMENT_ATTRS_CACHE_SIZE = 1024
 
 #: A statement's summary and operation: the SQLAlchemy hook's, which needs no SQLAlchemy.
 summarize = _sqlalchemy_hook.summarize
 
 _STATE_ATTR = "_latprof_pool"  # on a pool's queue (`Pool` has __slots__; its queue lives as long as it)
-
+# (the hot paths read it as a plain attribute, `queue._latprof_pool`: cheaper than `__dict__`)
 
 
 class _PoolState:
     """What the hook keeps per pool: its name, attributes ready to use, open holds, gauge limiter."""
 
-    __slots__ = ("name", "attrs", "pool_attrs", "acquiring", "holds", "gauged_at_ns", "gauged")
+    __slots__ = ("name", "attrs", "pool_attrs", "acquiring", "holds", "gauged_at_ns", "gauge_due_ns", "gauged")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        # The attributes of every plain acquire segment, and (pool_attrs) of gauges, holds and
+        # the OpenTelemetry histogram: shared by the segments (recorded with copy_attrs=False),
+        # so never changed after this.
         self.attrs: dict[str, Any] = {DB_POOL_NAME: name, DB_SYSTEM_NAME: SYSTEM}
-        self.pool_attrs = {DB_POOL_NAME: name}  # for gauges, holds and the OpenTelemetry histogram
+        self.pool_attrs = {DB_POOL_NAME: name}
         self.acquiring = 0  # this hook's in-flight acquires (the waiter count if the queue hides its own)
-        #: id(holder) -> (start_ns, request, parent segment) of a connection checked out in a
-        #: request; at most one per holder, so at most `max_size` (holders live as long as the pool).
-        self.holds: dict[int, tuple[int, runtime.RequestState, str | None]] = {}
-        self.gauged_at_ns = -GAUGE_INTERVAL_NS  # monotonic time of the last reading
+        #: holder -> (start_ns, request, parent segment or runtime.ROOT) of a connection checked
+        #: out in a request; at most one per holder, so at most `max_size` (holders live as long
+        #: as the pool, and are hashed by identity).
+        self.holds: dict[Any, tuple[int, runtime.RequestState, Any]] = {}
+        # `now_ns()` of the last reading, and when the next one is due: a reading is due when
+        # `now >= gauge_due_ns or now < gauged_at_ns` (the wall clock went back), which the hot
+        # paths test inline with the `now_ns()` they read anyway (compares, no arithmetic).
+        self.gauged_at_ns = 0
+        self.gauge_due_ns = 0
         self.gauged: tuple[float, ...] | None = None  # the last values emitted
 
 
 class _Checkout:
-    """One outermost `Pool._acquire` in progress."""
+    """One outermost `Pool._acquire` in progress.
+
+    Made by _begin_checkout with `object.__new__` and its slots set there (no `__init__` call
+    per acquire): `state` (the pool's _PoolState), `request` (None outside a request),
+    `start_ns`, `connect_started_ns` (when a connection opened inside began, else None) and
+    `token` (of `_checkout`).
+    """
 
     __slots__ = ("state", "request", "start_ns", "token", "connect_started_ns")
-
-    def __init__(self, state: _PoolState, request: runtime.RequestState | None, start_ns: int) -> None:
-        self.state = state
-        self.request = request
-        self.start_ns = start_ns
-        self.token: contextvars.Token[_Checkout | None] | None = None
-        self.connect_started_ns: int | None = None  # when a connection opened inside began
 
 
 # The acquire in progress in this task: the re-entry guard of `_acquire`, where
@@ -126,11 +134,34 @@ _checkout: contextvars.ContextVar[_Checkout | None] = contextvars.ContextVar("la
 # Set while this task runs a timed statement (re-entry guard), or a holder's release (whose
 # reset query is the pool's business): statements started meanwhile are not recorded.
 _busy: contextvars.ContextVar[bool] = contextvars.ContextVar("latprof_asyncpg_busy", default=False)
+# A statement segment's attributes by its (summary, operation), shared by the segments of
+# statements without an error (recorded with copy_attrs=False, never changed once here).
+_statement_attrs: dict[tuple[str, str], dict[str, Any]] = {}
+
+# Hot-path shortcuts. runtime's own context variables of the current request and of the
+# innermost open segment are read directly: what current_request() and current_parent() do,
+# without a call layer per statement.
+_request_get = runtime._request.get
+_parent_get = runtime._parent.get
+_checkout_get = _checkout.get
+_checkout_set = _checkout.set
+_checkout_reset = _checkout.reset
+_busy_get = _busy.get
+_busy_set = _busy.set
+_busy_reset = _busy.reset
+_now = runtime.now_ns
+_record = runtime.record
+_active = runtime.active
+_ROOT = runtime.ROOT
+_new = object.__new__  # a slotted object without an __init__ call
 
 _lock = threading.RLock()
 _installed = False
 _patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
 _wait_histogram: Any = None
+# Whether it is opentelemetry-api's proxy instrument, which records nothing until the service
+# configures an SDK (then its `_real_instrument` is set): a histogram not worth a call until then.
+_wait_histogram_proxy = False
 
 
 # --- install ---------------------------------------------------------------------------------
@@ -168,7 +199,7 @@ def _patch(asyncpg_module: types.ModuleType) -> None:
 
 
 def _apply() -> None:
-    global _wait_histogram
+    global _wait_histogram, _wait_histogram_proxy
     from asyncpg import connection, cursor, pool, prepared_stmt
 
     Pool, Holder, Connection = pool.Pool, pool.PoolConnectionHolder, connection.Connection
@@ -200,6 +231,7 @@ def _apply() -> None:
         if original is not None:
             _replace(cls, name, _wrap_statement(original, query_of))
     _wait_histogram = _make_wait_histogram()
+    _wait_histogram_proxy = hasattr(_wait_histogram, "_real_instrument")
 
 
 def _replace(cls: type, name: str, wrapper: Callable[..., Any]) -> None:
@@ -212,11 +244,11 @@ def _replace(cls: type, name: str, wrapper: Callable[..., Any]) -> None:
 
 
 def _unpatch() -> None:
-    global _wait_histogram
+    global _wait_histogram, _wait_histogram_proxy
     for cls, name, original in reversed(_patched):
         setattr(cls, name, original)
     _patched.clear()
-    _wait_histogram = None
+    _wait_histogram, _wait_histogram_proxy = None, False
 
 
 def _make_wait_histogram() -> Any:
@@ -290,7 +322,7 @@ def _pool_state(pool: Any) -> _PoolState | None:
 def _wrap_acquire(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def _acquire(self: Any, timeout: Any) -> Any:
-        if _checkout.get() is not None:  # a subclass's _acquire calling this one
+        if _checkout_get() is not None:  # a subclass's _acquire calling this one
             return await original(self, timeout)
         checkout = _begin_checkout(self)
         if checkout is None:
@@ -308,57 +340,83 @@ def _wrap_acquire(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _begin_checkout(pool: Any) -> _Checkout | None:
     try:
-        state = _pool_state(pool)
-        if state is None:
-            return None
-        checkout = _Checkout(state, runtime.current_request(), runtime.now_ns())
+        queue = pool._queue
+        if queue is None:
+            return None  # not initialised yet
+        try:
+            state: _PoolState = queue._latprof_pool  # _STATE_ATTR, read as an attribute
+        except AttributeError:  # first sight
+            state = _pool_state(pool)  # type: ignore[assignment]
+            if state is None:
+                return None
+        start = _now()
+        checkout = _new(_Checkout)
+        checkout.state = state
+        checkout.request = _request_get()
+        checkout.start_ns = start
+        checkout.connect_started_ns = None
     except Exception as exc:
         runtime.count_error(HOOK, exc)
         return None
     try:
         # before counting itself; a caller that finds the queue empty waits: say so now
-        will_wait = pool._queue.empty()
-        _read_gauges(pool, state, force=will_wait, also_waiting=int(will_wait))
+        try:
+            will_wait = not queue._queue  # what asyncio.Queue.empty() returns, without its call
+        except AttributeError:
+            will_wait = queue.empty()
+        if will_wait:
+            _read_gauges(pool, state, start, force=True, also_waiting=1)
+        elif start >= state.gauge_due_ns or start < state.gauged_at_ns:  # gauges due
+            _read_gauges(pool, state, start)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
     state.acquiring += 1
-    checkout.token = _checkout.set(checkout)
+    checkout.token = _checkout_set(checkout)
     return checkout
 
 
 def _end_checkout(pool: Any, checkout: _Checkout, proxy: Any, error: BaseException | None) -> None:
-    end = runtime.now_ns()
+    end = _now()
     state = checkout.state
     try:  # the re-entry guard and the count first: they must never stay set
-        if checkout.token is not None:
-            try:
-                _checkout.reset(checkout.token)
-            except ValueError:  # not the context it was set in
-                _checkout.set(None)
+        try:
+            _checkout_reset(checkout.token)
+        except ValueError:  # not the context it was set in
+            _checkout_set(None)
     finally:
         state.acquiring -= 1
-    try:
-        _read_gauges(pool, state)
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
+    if end >= state.gauge_due_ns or end < state.gauged_at_ns:  # gauges due
+        try:
+            _read_gauges(pool, state, end)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
     try:
         elapsed = end - checkout.start_ns
         histogram = _wait_histogram
-        if histogram is not None:
+        if histogram is not None and (not _wait_histogram_proxy or histogram._real_instrument is not None):
             histogram.record(elapsed / 1e9, state.pool_attrs)
         request = checkout.request
         if request is None:
             return
-        attrs = dict(state.attrs)
-        if checkout.connect_started_ns is not None:
-            attrs[CONNECT_MS] = round(min(elapsed, max(0, end - checkout.connect_started_ns)) / 1e6, 3)
-        if error is not None:
-            attrs[ERROR_TYPE] = type(error).__qualname__
-        runtime.record(SEGMENT_ACQUIRE, DB_POOL, checkout.start_ns, end, attrs, state=request)
-        holder = getattr(proxy, "_holder", None) if proxy is not None else None
-        if holder is not None and runtime.active():
-            # a hold nests where the acquire happened; it ends when the holder goes back
-            state.holds[id(holder)] = (end, request, runtime.current_parent())
+        connect_started = checkout.connect_started_ns
+        if connect_started is None and error is None:
+            attrs = state.attrs  # shared, never changed
+        else:
+            attrs = dict(state.attrs)
+            if connect_started is not None:
+                attrs[CONNECT_MS] = round(min(elapsed, max(0, end - connect_started)) / 1e6, 3)
+            if error is not None:
+                attrs[ERROR_TYPE] = type(error).__qualname__
+        _record(SEGMENT_ACQUIRE, DB_POOL, checkout.start_ns, end, attrs, state=request, copy_attrs=False)
+        if proxy is not None:
+            try:
+                holder = proxy._holder
+            except AttributeError:
+                holder = None
+            if holder is not None and _active():
+                # a hold nests where the acquire happened; it ends when the holder goes back
+                parent = _parent_get()
+                state.holds[holder] = (end, request, _ROOT if parent is None else parent)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 
@@ -366,9 +424,9 @@ def _end_checkout(pool: Any, checkout: _Checkout, proxy: Any, error: BaseExcepti
 def _wrap_get_new_connection(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def _get_new_connection(self: Any) -> Any:
-        checkout = _checkout.get()
+        checkout = _checkout_get()
         if checkout is not None and checkout.connect_started_ns is None:
-            checkout.connect_started_ns = runtime.now_ns()
+            checkout.connect_started_ns = _now()
         return await original(self)
 
     return _get_new_connection
@@ -380,12 +438,14 @@ def _wrap_get_new_connection(original: Callable[..., Any]) -> Callable[..., Any]
 def _wrap_holder_release(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def release(self: Any, timeout: Any) -> Any:
-        token = _busy.set(True)  # the reset query is the pool's, not the request's
+        if _request_get() is None:  # no statement is recorded outside a request: nothing to keep out
+            return await original(self, timeout)
+        token = _busy_set(True)  # the reset query is the pool's, not the request's
         try:
             return await original(self, timeout)
         finally:
             try:
-                _busy.reset(token)
+                _busy_reset(token)
             except ValueError:
                 pass
 
@@ -398,29 +458,33 @@ def _wrap_holder_returned(original: Callable[[Any], None]) -> Callable[[Any], No
         state: _PoolState | None = None
         held = None
         try:
-            state = _pool_state(self._pool)
+            try:
+                state = self._pool._queue._latprof_pool  # _STATE_ATTR
+            except AttributeError:  # no queue yet (None), or no acquire seen yet
+                state = _pool_state(self._pool)
             if state is not None and state.holds:
-                held = state.holds.pop(id(self), None)
+                held = state.holds.pop(self, None)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
-        end = runtime.now_ns()
+        end = _now()
         original(self)
         if state is None:
             return
         try:
             if held is not None:
                 start, request, parent = held
-                # Not under whatever segment the release happens to run in.
-                runtime.record(
+                _record(
                     SEGMENT_CONNECTION_HOLD,
                     None,
                     start,
                     end,
-                    state.pool_attrs,
-                    parent_id=runtime.ROOT if parent is None else parent,
+                    state.pool_attrs,  # shared, never changed
+                    parent_id=parent,  # where the acquire happened, not under whatever runs the release
                     state=request,
+                    copy_attrs=False,
                 )
-            _read_gauges(self._pool, state)
+            if end >= state.gauge_due_ns or end < state.gauged_at_ns:  # gauges due
+                _read_gauges(self._pool, state, end)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
 
@@ -435,14 +499,17 @@ def _waiters(pool: Any, state: _PoolState) -> int:
     return len(getters) if getters is not None else max(0, state.acquiring)
 
 
-def _read_gauges(pool: Any, state: _PoolState, force: bool = False, also_waiting: int = 0) -> None:
-    """Emit the pool's gauges if they changed and the last reading is 100 ms old, or if `force`."""
-    now = time.monotonic_ns()
-    if not force and now - state.gauged_at_ns < GAUGE_INTERVAL_NS:
-        return
-    if not runtime.active():
+def _read_gauges(pool: Any, state: _PoolState, now: int, force: bool = False, also_waiting: int = 0) -> None:
+    """Emit the pool's gauges if they changed, or if `force`; the caller found them due.
+
+    They are due when the last reading is 100 ms old, or the wall clock went back since
+    (see _PoolState.gauge_due_ns), which the callers test inline with their own `now_ns()`:
+    one clock reading serves the segment and the limiter.
+    """
+    if not _active():
         return
     state.gauged_at_ns = now
+    state.gauge_due_ns = now + GAUGE_INTERVAL_NS
     size = pool.get_size()
     values = (
         float(size),
@@ -469,6 +536,7 @@ def _argument(name: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any
     def query_of(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return args[0] if args else kwargs.get(name)
 
+    query_of.first_argument = name  # type: ignore[attr-defined]  # _end_statement takes it without the call
     return query_of
 
 
@@ -509,71 +577,86 @@ def _quoted(identifier: Any) -> str:
     return '"' + str(identifier).replace('"', '""') + '"'
 
 
-def _sqlalchemy_busy() -> bool:
-    """True while the SQLAlchemy hook times a statement or a checkout in this task: that time is its."""
-    return _sqlalchemy_hook.busy()
-
-
 def _wrap_statement(
     original: Callable[..., Any], query_of: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 ) -> Callable[..., Any]:
+    first: str | None = getattr(query_of, "first_argument", None)  # the statement is the first argument
     @functools.wraps(original)
     async def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        pending = _begin_statement()
-        if pending is None:
-            return await original(self, *args, **kwargs)
+        request = _request_get()
+        # outside a request, inside a timed statement, an acquire or a release, or when
+        # recording is off: nothing to do
+        # (no keyword arguments, the usual case: none are repacked)
+        if request is None or _busy_get() or _checkout_get() is not None or not _active():
+            return await (original(self, *args, **kwargs) if kwargs else original(self, *args))
         try:
-            result = await original(self, *args, **kwargs)
+            if _sqlalchemy_hook.busy():  # the SQLAlchemy hook times a statement or a checkout: that time is its
+                return await (original(self, *args, **kwargs) if kwargs else original(self, *args))
+            start = _now()
+            token = _busy_set(True)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+            return await (original(self, *args, **kwargs) if kwargs else original(self, *args))
+        try:
+            result = await (original(self, *args, **kwargs) if kwargs else original(self, *args))
         except BaseException as exc:
-            _end_statement(pending, self, query_of, args, kwargs, exc)
+            _end_statement(start, request, token, self, query_of, first, args, kwargs, exc)
             raise
-        _end_statement(pending, self, query_of, args, kwargs, None)
+        _end_statement(start, request, token, self, query_of, first, args, kwargs, None)
         return result
 
     return timed
 
 
-def _begin_statement() -> tuple[int, runtime.RequestState, contextvars.Token[bool]] | None:
-    if _busy.get() or _checkout.get() is not None:
-        return None  # inside a timed statement, an acquire or a release
-    request = runtime.current_request()
-    if request is None or not runtime.active():
-        return None
-    try:
-        if _sqlalchemy_busy():
-            return None
-        return runtime.now_ns(), request, _busy.set(True)
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
-        return None
-
-
 def _end_statement(
-    pending: tuple[int, runtime.RequestState, contextvars.Token[bool]],
+    start: int,
+    request: runtime.RequestState,
+    token: contextvars.Token[bool],
     obj: Any,
     query_of: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any],
+    first: str | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     error: BaseException | None,
 ) -> None:
-    end = runtime.now_ns()
-    start, request, token = pending
+    end = _now()
     try:
-        _busy.reset(token)
+        _busy_reset(token)
     except ValueError:  # not the context it was set in
-        _busy.set(False)
+        _busy_set(False)
     try:
-        query = query_of(obj, args, kwargs)
-        if isinstance(query, _Prepare):
-            summary = "PREPARE " + summarize(query.query if isinstance(query.query, str) else "")[0]
-            operation = "PREPARE"
+        if first is not None:  # what query_of returns, without its call
+            query = args[0] if args else kwargs.get(first)
         else:
-            summary, operation = summarize(query if isinstance(query, str) else "")
-        attrs: dict[str, Any] = {DB_SYSTEM_NAME: SYSTEM, DB_QUERY_SUMMARY: summary}
-        if operation:
-            attrs[DB_OPERATION_NAME] = operation
-        if error is not None:
+            query = query_of(obj, args, kwargs)
+        if isinstance(query, _Prepare):
+            known = ("PREPARE " + summarize(query.query if isinstance(query.query, str) else "")[0], "PREPARE")
+        else:
+            known = summarize(query if isinstance(query, str) else "")
+        if error is None:
+            attrs = _statement_attrs.get(known)
+            if attrs is None:
+                attrs = _shared_statement_attrs(known)
+        else:
+            attrs = _new_statement_attrs(known)
             attrs[ERROR_TYPE] = type(error).__qualname__
-        runtime.record(summary, DB_QUERY, start, end, attrs, state=request)
+        _record(known[0], DB_QUERY, start, end, attrs, state=request, copy_attrs=False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
+
+
+def _new_statement_attrs(known: tuple[str, str]) -> dict[str, Any]:
+    summary, operation = known
+    attrs: dict[str, Any] = {DB_SYSTEM_NAME: SYSTEM, DB_QUERY_SUMMARY: summary}
+    if operation:
+        attrs[DB_OPERATION_NAME] = operation
+    return attrs
+
+
+def _shared_statement_attrs(known: tuple[str, str]) -> dict[str, Any]:
+    """The attributes of the statements summarised as `known`, from now on shared by their segments."""
+    attrs = _new_statement_attrs(known)
+    if len(_statement_attrs) >= STATEMENT_ATTRS_CACHE_SIZE:
+        _statement_attrs.clear()
+    _statement_attrs[known] = attrs
+    return attrs

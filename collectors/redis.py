@@ -49,12 +49,13 @@ wrapper counts its own errors instead of raising into the service.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
+import os
 import re
 import sys
 import threading
-import time
 import types
 import weakref
 from typing import Any, Callable
@@ -104,6 +105,9 @@ UNBOUNDED = 2**31
 COMMAND_NAME_CACHE_SIZE = 1024
 
 _STATE_ATTR = "_latprof_redis_pool"  # on a pool instance: its _PoolState
+_HOLD_ATTR = "_latprof_redis_hold"  # on a connection: its open hold (as in _holds) or None
+# (the hot paths read and set both as plain attributes, `pool._latprof_redis_pool` and
+# `connection._latprof_redis_hold`: cheaper than going through `__dict__`)
 _WAIT_TIME_RECORDER = "record_connection_wait_time"  # redis-py's own recorder of the histogram
 
 # Commands whose first argument is a subcommand ("CLIENT SETNAME", "CONFIG GET").
@@ -118,72 +122,111 @@ _SUBCOMMAND_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}\Z")
 class _PoolState:
     """What the hook keeps per pool: its name, attributes ready to use, callers inside, gauge limiter."""
 
-    __slots__ = ("name", "pid", "attrs", "pool_attrs", "lock", "waiters", "gauged_at_ns", "gauged")
+    __slots__ = ("name", "pid", "attrs", "pool_attrs", "inside", "gauged_at_ns", "gauge_due_ns", "gauged")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.pid = runtime.pid()  # a forked child starts over (redis-py resets the pool too)
+        self.pid = _pid  # a forked child starts over (redis-py resets the pool too)
         self.attrs: dict[str, Any] = {DB_POOL_NAME: name, DB_SYSTEM_NAME: SYSTEM}
-        self.pool_attrs = {DB_POOL_NAME: name}  # for gauges and the OpenTelemetry histogram
-        self.lock = threading.Lock()
-        self.waiters = 0  # this hook's own in-flight outermost get_connection calls
-        self.gauged_at_ns = -GAUGE_INTERVAL_NS  # monotonic time of the last reading
+        # For gauges, the OpenTelemetry histogram and every hold segment of the pool, which
+        # share it (recorded with copy_attrs=False): never changed after this.
+        self.pool_attrs = {DB_POOL_NAME: name}
+        # One item per caller inside this hook's outermost get_connection: its length is the
+        # waiter count. deque.append and deque.pop are atomic (no lock is taken per checkout)
+        # and, unlike a list's, allocate nothing while it stays short.
+        self.inside: collections.deque[None] = collections.deque()
+        # `now_ns()` of the last reading, and when the next one is due: a reading is due when
+        # `now >= gauge_due_ns or now < gauged_at_ns` (the wall clock went back), which the hot
+        # paths test inline with the `now_ns()` they read anyway (compares, no arithmetic).
+        self.gauged_at_ns = 0
+        self.gauge_due_ns = 0
         self.gauged: tuple[float, ...] | None = None  # the last values emitted
 
 
 class _Checkout:
-    """One outermost `get_connection` in progress."""
+    """One outermost `get_connection` in progress.
 
-    __slots__ = ("state", "request", "start_ns", "token", "segment_id", "nesting", "connect_started_ns", "redis_records_wait")
+    Made by _begin_checkout with `object.__new__` and its slots set there (no `__init__` call
+    per checkout): `state` (the pool's _PoolState), `start_ns`, `request` (None outside a
+    request), `redis_records_wait` (this class's get_connection records the OpenTelemetry
+    histogram itself), `connect_started_ns` (when it began making or connecting a connection,
+    else None), `token` (of `_checkout`), and inside a request only, `segment_id` (the id its
+    segment will have), `parent_token` (segments recorded meanwhile are its children) and
+    `spans_before` (how many segments the request had when it began); `command`: the cell of
+    the command it is part of (see `_command`; then `token` is not set), else None.
+    """
 
-    def __init__(self, state: _PoolState, request: runtime.RequestState | None, start_ns: int, redis_records_wait: bool) -> None:
-        self.state = state
-        self.request = request
-        self.start_ns = start_ns
-        self.token: contextvars.Token[_Checkout | None] | None = None
-        self.segment_id: str | None = None  # inside a request: the id its segment will have
-        self.nesting: Any = None  # what makes segments recorded during the checkout its children
-        self.connect_started_ns: int | None = None  # when it began making or connecting a connection
-        self.redis_records_wait = redis_records_wait  # this class's get_connection records the histogram itself
-
-
-class _Command:
-    """One command or pipeline of a request in progress."""
-
-    __slots__ = ("head", "operation", "batch_size", "request", "start_ns", "query_start_ns", "token")
-
-    def __init__(
-        self,
-        head: tuple[Any, ...],
-        operation: str | None,
-        batch_size: int | None,
-        request: runtime.RequestState,
-        start_ns: int,
-    ) -> None:
-        self.head = head  # the command word and the next argument, to name it at the end; never recorded
-        self.operation = operation  # PIPELINE / MULTI, else named from `head`
-        self.batch_size = batch_size
-        self.request = request
-        self.start_ns = start_ns
-        self.query_start_ns: int | None = None  # where a recorded checkout inside it ended
-        self.token: contextvars.Token[_Command | None] | None = None
+    __slots__ = (
+        "state",
+        "start_ns",
+        "request",
+        "redis_records_wait",
+        "connect_started_ns",
+        "token",
+        "segment_id",
+        "parent_token",
+        "spans_before",
+        "command",
+    )
 
 
-# The checkout in progress in this thread or task: the re-entry guard of `get_connection`,
-# and where `connect` notes the time spent opening a connection for it.
+# The checkout in progress in this thread or task outside a command (inside one, its cell
+# holds it): the re-entry guard of `get_connection`, and where `connect` notes the time spent
+# opening a connection for it.
 _checkout: contextvars.ContextVar[_Checkout | None] = contextvars.ContextVar("latprof_redis_checkout", default=None)
-# The command in progress in this thread or task: one segment per outermost command (a
-# pipeline's SCRIPT EXISTS is part of the pipeline), and where its checkout ended.
-_command: contextvars.ContextVar[_Command | None] = contextvars.ContextVar("latprof_redis_command", default=None)
-# Open holds by connection: (start_ns, request, parent segment, pool name). Weak keys: a
-# connection dropped without being released takes its entry with it.
-_holds: weakref.WeakKeyDictionary[Any, tuple[int, runtime.RequestState, str | None, str]] = weakref.WeakKeyDictionary()
+# The command in progress in this thread or task (inside a request), as a cell [start_ns,
+# request, checkout]: one segment per outermost command (a pipeline's SCRIPT EXISTS is part
+# of the pipeline); a recorded checkout inside it moves `start_ns`, where the command's own
+# time starts, to its end; `checkout` is the checkout in progress inside it, else None.
+_command: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("latprof_redis_command", default=None)
+# Open holds of connections without a `__dict__` (others keep theirs in it, see _HOLD_ATTR):
+# (start_ns, request, parent segment or runtime.ROOT, attributes). Weak keys: a connection dropped without
+# being released takes its entry with it.
+_holds: weakref.WeakKeyDictionary[Any, tuple[int, runtime.RequestState, Any, dict[str, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
 _names: dict[str, str] = {}
+# A plain command's segment attributes by its name, shared by all its segments (recorded with
+# copy_attrs=False, never changed once here); bounded like `_names`.
+_query_attrs: dict[str, dict[str, Any]] = {}
+
+# Hot-path shortcuts. runtime's own context variables of the current request and of the
+# innermost open segment are read and set directly: what current_request(), current_parent()
+# and nested_under() do, without a call layer or a generator context manager per command.
+_request_get = runtime._request.get
+_parent_get = runtime._parent.get
+_parent_set = runtime._parent.set
+_parent_reset = runtime._parent.reset
+_checkout_get = _checkout.get
+_checkout_set = _checkout.set
+_checkout_reset = _checkout.reset
+_command_get = _command.get
+_command_set = _command.set
+_command_reset = _command.reset
+_now = runtime.now_ns
+_new_id = runtime.new_id
+_record = runtime.record
+_active = runtime.active
+_ROOT = runtime.ROOT
+_new = object.__new__  # a slotted object without an __init__ call
+
+_pid = os.getpid()  # this process's: a pool's state made in the parent is made anew in a child
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 _lock = threading.RLock()
 _installed = False
 _patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
 _wait_histogram: Any = None
+# Whether it is opentelemetry-api's proxy instrument, which records nothing until the service
+# configures an SDK (then its `_real_instrument` is set): a histogram not worth a call until then.
+_wait_histogram_proxy = False
 
 
 # --- install ---------------------------------------------------------------------------------
@@ -202,18 +245,18 @@ def install() -> bool:
 
 def uninstall() -> None:
     """Undo every patch (tests); pools keep their harmless bookkeeping."""
-    global _installed, _wait_histogram
+    global _installed, _wait_histogram, _wait_histogram_proxy
     with _lock:
         _installed = False
         for cls, name, original in reversed(_patched):
             setattr(cls, name, original)
         _patched.clear()
-        _wait_histogram = None
+        _wait_histogram, _wait_histogram_proxy = None, False
 
 
 def _patch(redis_module: types.ModuleType) -> None:
     """Patch the sync and the asyncio client, each all or nothing; errors counted."""
-    global _wait_histogram
+    global _wait_histogram, _wait_histogram_proxy
     with _lock:
         if not _installed or _patched:
             return
@@ -231,6 +274,7 @@ def _patch(redis_module: types.ModuleType) -> None:
                 setattr(cls, name, wrapper)
                 _patched.append((cls, name, original))
         _wait_histogram = _make_wait_histogram()
+        _wait_histogram_proxy = hasattr(_wait_histogram, "_real_instrument")
 
 
 def _sync_targets() -> list[tuple[type, str, Callable[..., Any]]]:
@@ -247,7 +291,7 @@ def _sync_targets() -> list[tuple[type, str, Callable[..., Any]]]:
         if "make_connection" in cls.__dict__:
             out.append((cls, "make_connection", _wrap_make_connection(cls.__dict__["make_connection"])))
     conn_cls = connection.AbstractConnection
-    out.append((conn_cls, "connect", _wrap_connect(conn_cls.__dict__["connect"], _sync_is_open)))
+    out.append((conn_cls, "connect", _wrap_connect(conn_cls.__dict__["connect"])))
     command = "_execute_command" if "_execute_command" in client.Redis.__dict__ else "execute_command"
     out.append((client.Redis, command, _wrap_command(client.Redis.__dict__[command])))
     pipeline = client.Pipeline
@@ -272,7 +316,7 @@ def _async_targets() -> list[tuple[type, str, Callable[..., Any]]]:
         if "make_connection" in cls.__dict__:  # a plain function in both families
             out.append((cls, "make_connection", _wrap_make_connection(cls.__dict__["make_connection"])))
     conn_cls = connection.AbstractConnection
-    out.append((conn_cls, "connect", _wrap_async_connect(conn_cls.__dict__["connect"], _async_is_open)))
+    out.append((conn_cls, "connect", _wrap_async_connect(conn_cls.__dict__["connect"])))
     out.append((client.Redis, "execute_command", _wrap_async_command(client.Redis.__dict__["execute_command"])))
     pipeline = client.Pipeline
     immediate = pipeline.__dict__["immediate_execute_command"]
@@ -402,7 +446,7 @@ def _words(value: Any) -> list[str]:
 
 def _pool_state(pool: Any) -> _PoolState:
     state: _PoolState | None = pool.__dict__.get(_STATE_ATTR)
-    if state is None or state.pid != runtime.pid():
+    if state is None or state.pid != _pid:
         state = _PoolState(pool_name(pool))
         pool.__dict__[_STATE_ATTR] = state
     return state
@@ -424,18 +468,22 @@ def _pool_numbers(pool: Any) -> tuple[float, float, float] | None:
     return None
 
 
-def _read_gauges(pool: Any, state: _PoolState, force: bool = False, waiters: int | None = None) -> None:
-    """Emit the pool's gauges if they changed and the last reading is 100 ms old, or if `force`."""
-    now = time.monotonic_ns()
-    if not force and now - state.gauged_at_ns < GAUGE_INTERVAL_NS:
-        return
-    if not runtime.active():
+@runtime.guarded(HOOK)
+def _read_gauges(pool: Any, state: _PoolState, now: int, force: bool = False, waiters: int | None = None) -> None:
+    """Emit the pool's gauges if they changed, or if `force`; the caller found them due.
+
+    They are due when the last reading is 100 ms old, or the wall clock went back since
+    (see _PoolState.gauge_due_ns), which the callers test inline with their own `now_ns()`:
+    one clock reading serves the segment and the limiter.
+    """
+    if not _active():
         return
     numbers = _pool_numbers(pool)
     if numbers is None:
         return
     state.gauged_at_ns = now
-    values = (*numbers, float(state.waiters if waiters is None else waiters))
+    state.gauge_due_ns = now + GAUGE_INTERVAL_NS
+    values = (*numbers, float(len(state.inside) if waiters is None else waiters))
     if not force and values == state.gauged:
         return
     state.gauged = values
@@ -453,13 +501,15 @@ def _read_gauges(pool: Any, state: _PoolState, force: bool = False, waiters: int
 def _wrap_get_connection(original: Callable[..., Any], redis_records_wait: bool) -> Callable[..., Any]:
     @functools.wraps(original)
     def get_connection(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _checkout.get() is not None:  # a subclass calling its base
-            return original(self, *args, **kwargs)
-        checkout = _begin_checkout(self, redis_records_wait)
+        # (redis-py >= 5.3 passes no arguments: then none are repacked)
+        command = _command_get()
+        if (_checkout_get() if command is None else command[2]) is not None:  # a subclass calling its base
+            return original(self, *args, **kwargs) if args or kwargs else original(self)
+        checkout = _begin_checkout(self, redis_records_wait, command)
         if checkout is None:
-            return original(self, *args, **kwargs)
+            return original(self, *args, **kwargs) if args or kwargs else original(self)
         try:
-            connection = original(self, *args, **kwargs)
+            connection = original(self, *args, **kwargs) if args or kwargs else original(self)
         except BaseException as exc:
             _end_checkout(self, checkout, None, exc)
             raise
@@ -472,13 +522,14 @@ def _wrap_get_connection(original: Callable[..., Any], redis_records_wait: bool)
 def _wrap_async_get_connection(original: Callable[..., Any], redis_records_wait: bool) -> Callable[..., Any]:
     @functools.wraps(original)
     async def get_connection(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _checkout.get() is not None:
-            return await original(self, *args, **kwargs)
-        checkout = _begin_checkout(self, redis_records_wait)
+        command = _command_get()
+        if (_checkout_get() if command is None else command[2]) is not None:
+            return await (original(self, *args, **kwargs) if args or kwargs else original(self))
+        checkout = _begin_checkout(self, redis_records_wait, command)
         if checkout is None:
-            return await original(self, *args, **kwargs)
+            return await (original(self, *args, **kwargs) if args or kwargs else original(self))
         try:
-            connection = await original(self, *args, **kwargs)
+            connection = await (original(self, *args, **kwargs) if args or kwargs else original(self))
         except BaseException as exc:  # a timeout, a refused connection, a cancelled task
             _end_checkout(self, checkout, None, exc)
             raise
@@ -488,105 +539,158 @@ def _wrap_async_get_connection(original: Callable[..., Any], redis_records_wait:
     return get_connection
 
 
-def _begin_checkout(pool: Any, redis_records_wait: bool) -> _Checkout | None:
+def _begin_checkout(pool: Any, redis_records_wait: bool, command: list[Any] | None) -> _Checkout | None:
     try:
-        state = _pool_state(pool)
-        checkout = _Checkout(state, runtime.current_request(), runtime.now_ns(), redis_records_wait)
+        try:
+            state: _PoolState | None = pool._latprof_redis_pool  # _STATE_ATTR, read as an attribute
+        except AttributeError:
+            state = None
+        if state is None or state.pid != _pid:
+            state = _pool_state(pool)
+        start = _now()
+        request = _request_get()
+        checkout = _new(_Checkout)
+        checkout.state = state
+        checkout.start_ns = start
+        checkout.request = request
+        checkout.redis_records_wait = redis_records_wait
+        checkout.connect_started_ns = None
+        checkout.command = command
     except Exception as exc:
         runtime.count_error(HOOK, exc)
         return None
-    try:
-        _read_gauges(pool, state)  # before counting itself: a caller served at once never waited
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
-    with state.lock:
-        state.waiters += 1
-    checkout.token = _checkout.set(checkout)
-    if checkout.request is not None:
+    if start >= state.gauge_due_ns or start < state.gauged_at_ns:  # gauges due
+        _read_gauges(pool, state, start)  # before counting itself: a caller served at once never waited
+    state.inside.append(None)
+    if command is None:
+        checkout.token = _checkout_set(checkout)
+    else:  # inside a command, its cell is where the checkout in progress is found (a context variable less to set)
+        command[2] = checkout
+    if request is not None:
         try:  # a lock wait inside the checkout (the asyncio pool's lock while another task connects) is db.pool
-            checkout.segment_id = runtime.new_id()
-            checkout.nesting = runtime.nested_under(checkout.segment_id)
-            checkout.nesting.__enter__()
+            checkout.spans_before = len(request.spans or ())
+            checkout.segment_id = segment_id = _new_id()
+            checkout.parent_token = _parent_set(segment_id)
         except Exception as exc:
-            checkout.nesting = None
+            checkout.segment_id = checkout.parent_token = None
             runtime.count_error(HOOK, exc)
     return checkout
 
 
 def _end_checkout(pool: Any, checkout: _Checkout, connection: Any, error: BaseException | None) -> None:
-    end = runtime.now_ns()
+    end = _now()
     state = checkout.state
+    request = checkout.request
     try:  # the nesting, the re-entry guard and the waiter count first: they must never stay set
-        if checkout.nesting is not None:
-            checkout.nesting.__exit__(None, None, None)
-        if checkout.token is not None:
+        if request is not None and checkout.parent_token is not None:
             try:
-                _checkout.reset(checkout.token)
-            except ValueError:  # not the context it was set in
-                _checkout.set(None)
-    finally:
-        with state.lock:
-            waiting = state.waiters
-            state.waiters -= 1
-    elapsed = end - checkout.start_ns
-    connected = checkout.connect_started_ns is not None
-    connect_ns = min(elapsed, max(0, end - checkout.connect_started_ns)) if checkout.connect_started_ns is not None else 0
-    try:
-        if elapsed - connect_ns >= WAITED_NS:
-            _read_gauges(pool, state, force=True, waiters=waiting)  # how the pool looked while it waited
+                _parent_reset(checkout.parent_token)
+            except ValueError:  # left from another context
+                pass
+        if checkout.command is not None:
+            checkout.command[2] = None
         else:
-            _read_gauges(pool, state)
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
+            try:
+                _checkout_reset(checkout.token)
+            except ValueError:  # not the context it was set in
+                _checkout_set(None)
+    finally:
+        state.inside.pop()
+    elapsed = end - checkout.start_ns
+    connect_started = checkout.connect_started_ns
+    if connect_started is not None or elapsed >= WAITED_NS or end >= state.gauge_due_ns or end < state.gauged_at_ns:
+        _checkout_gauges(pool, state, end, elapsed, connect_started)
     try:
         histogram = _wait_histogram
-        if histogram is not None and not (checkout.redis_records_wait and redis_records_wait_time()):
+        if (
+            histogram is not None
+            and (not _wait_histogram_proxy or histogram._real_instrument is not None)
+            and not (checkout.redis_records_wait and redis_records_wait_time())
+        ):
             histogram.record(elapsed / 1e9, state.pool_attrs)
-        request = checkout.request
-        if request is None or not runtime.active():
-            if connection is not None:
-                _holds.pop(connection, None)  # a hold left by a connection never released
+        if request is None or not _active():
+            if connection is not None:  # a hold left by a connection never released
+                try:
+                    connection._latprof_redis_hold = None  # _HOLD_ATTR
+                except AttributeError:  # a connection class without a __dict__
+                    _holds.pop(connection, None)
             return
-        if elapsed >= MIN_CHECKOUT_NS or connected or error is not None or _has_children(request, checkout.segment_id):
-            attrs = dict(state.attrs)
-            if connected:
-                attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
-            if error is not None:
-                attrs[ERROR_TYPE] = type(error).__qualname__
-            runtime.record(
-                SEGMENT_CHECKOUT, DB_POOL, checkout.start_ns, end, attrs, segment_id=checkout.segment_id, state=request
+        if (
+            elapsed >= MIN_CHECKOUT_NS
+            or connect_started is not None
+            or error is not None
+            or (
+                checkout.segment_id is not None
+                and len(request.spans or ()) > checkout.spans_before
+                and _has_children(request, checkout)
             )
-            command = _command.get()
-            if command is not None and command.request is request:
-                command.query_start_ns = end  # the command's own time starts when it has its connection
+        ):
+            _record_checkout(checkout, request, end, error)
         if connection is not None:
             # the hold nests where the checkout happened, whatever is open when it is released
-            _holds[connection] = (end, request, runtime.current_parent(), state.name)
+            parent = _parent_get()
+            hold = (end, request, _ROOT if parent is None else parent, state.pool_attrs)
+            try:
+                connection._latprof_redis_hold = hold  # _HOLD_ATTR
+            except AttributeError:  # a connection class without a __dict__
+                _holds[connection] = hold
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 
 
-def _has_children(request: runtime.RequestState, segment_id: str | None) -> bool:
-    """Whether a segment was recorded under `segment_id` (then it must be recorded too)."""
-    spans = request.spans
-    return segment_id is not None and spans is not None and any(span[1] == segment_id for span in spans[-8:])
+def _connect_ns(end: int, elapsed: int, connect_started: int | None) -> int:
+    """How much of a checkout that ended at `end` went into opening a connection."""
+    return 0 if connect_started is None else min(elapsed, max(0, end - connect_started))
 
 
-def _sync_is_open(connection: Any) -> bool:
-    return getattr(connection, "_sock", None) is not None
+def _checkout_gauges(pool: Any, state: _PoolState, end: int, elapsed: int, connect_started: int | None) -> None:
+    """The gauges at the end of a checkout: at once if it waited (how the pool looked while it
+    did, counting itself among the waiters), else if they are due."""
+    if elapsed - _connect_ns(end, elapsed, connect_started) >= WAITED_NS:
+        _read_gauges(pool, state, end, force=True, waiters=len(state.inside) + 1)
+    elif end >= state.gauge_due_ns or end < state.gauged_at_ns:  # gauges due
+        _read_gauges(pool, state, end)
 
 
-def _async_is_open(connection: Any) -> bool:
-    return bool(getattr(connection, "is_connected", False))
+def _has_children(request: runtime.RequestState, checkout: _Checkout) -> bool:
+    """Whether a segment recorded since the checkout began is its child (then it must be recorded too)."""
+    segment_id = checkout.segment_id
+    for span in (request.spans or ())[checkout.spans_before :]:
+        if span[1] == segment_id:
+            return True
+    return False
 
 
-def _note_connect(connection: Any, is_open: Callable[[Any], bool] | None) -> None:
-    """Note that the checkout of this thread or task begins opening a connection (if it is one)."""
+def _record_checkout(checkout: _Checkout, request: runtime.RequestState, end: int, error: BaseException | None) -> None:
+    """The checkout's `db.pool` segment; the command it is part of starts its own time at its end."""
+    attrs = dict(checkout.state.attrs)
+    connect_started = checkout.connect_started_ns
+    if connect_started is not None:
+        attrs[CONNECT_MS] = round(_connect_ns(end, end - checkout.start_ns, connect_started) / 1e6, 3)
+    if error is not None:
+        attrs[ERROR_TYPE] = type(error).__qualname__
+    _record(
+        SEGMENT_CHECKOUT,
+        DB_POOL,
+        checkout.start_ns,
+        end,
+        attrs,
+        segment_id=checkout.segment_id,
+        state=request,
+        copy_attrs=False,
+    )
+    command = checkout.command
+    if command is not None:
+        command[0] = end  # the command's own time starts when it has its connection
+
+
+def _note_connect() -> None:
+    """Note that the checkout of this thread or task begins opening a connection."""
     try:
-        checkout = _checkout.get()
+        command = _command_get()
+        checkout = _checkout_get() if command is None or command[2] is None else command[2]
         if checkout is not None and checkout.connect_started_ns is None:
-            if is_open is None or not is_open(connection):
-                checkout.connect_started_ns = runtime.now_ns()
+            checkout.connect_started_ns = _now()
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 
@@ -594,26 +698,37 @@ def _note_connect(connection: Any, is_open: Callable[[Any], bool] | None) -> Non
 def _wrap_make_connection(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def make_connection(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _note_connect(None, None)
+        _note_connect()
         return original(self, *args, **kwargs)
 
     return make_connection
 
 
-def _wrap_connect(original: Callable[..., Any], is_open: Callable[[Any], bool]) -> Callable[..., Any]:
+def _wrap_connect(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def connect(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _note_connect(self, is_open)  # a reused connection that lost its socket is reopened here
-        return original(self, *args, **kwargs)
+        try:
+            opened = self._sock is not None
+        except AttributeError:
+            opened = False
+        if not opened:  # a reused connection that lost its socket is reopened here
+            _note_connect()
+        return original(self, *args, **kwargs) if args or kwargs else original(self)
 
     return connect
 
 
-def _wrap_async_connect(original: Callable[..., Any], is_open: Callable[[Any], bool]) -> Callable[..., Any]:
+def _wrap_async_connect(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def connect(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _note_connect(self, is_open)
-        return await original(self, *args, **kwargs)
+        try:
+            is_open = bool(getattr(self, "is_connected", False))
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+            is_open = True
+        if not is_open:
+            _note_connect()
+        return await (original(self, *args, **kwargs) if args or kwargs else original(self))
 
     return connect
 
@@ -624,9 +739,35 @@ def _wrap_async_connect(original: Callable[..., Any], is_open: Callable[[Any], b
 def _wrap_release(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def release(self: Any, connection: Any, *args: Any, **kwargs: Any) -> Any:
-        _end_hold(connection)
-        result = original(self, connection, *args, **kwargs)
-        _after_release(self)
+        now = _now()
+        try:
+            try:
+                held = connection._latprof_redis_hold  # _HOLD_ATTR
+                if held is not None:
+                    connection._latprof_redis_hold = None
+            except AttributeError:  # never checked out by this hook, or a connection class without a __dict__
+                held = _holds.pop(connection, None)
+            if held is not None:
+                start, request, parent, attrs = held
+                _record(
+                    SEGMENT_CONNECTION_HOLD,
+                    None,
+                    start,
+                    now,
+                    attrs,
+                    parent_id=parent,  # where the checkout happened, not under whatever runs the release
+                    state=request,
+                    copy_attrs=False,
+                )
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+        result = original(self, connection, *args, **kwargs) if args or kwargs else original(self, connection)
+        try:
+            state = self._latprof_redis_pool  # _STATE_ATTR
+        except AttributeError:  # no checkout seen yet
+            state = None
+        if state is not None and (now >= state.gauge_due_ns or now < state.gauged_at_ns):  # gauges due
+            _read_gauges(self, state, now)  # (guarded)
         return result
 
     return release
@@ -635,36 +776,38 @@ def _wrap_release(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_async_release(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def release(self: Any, connection: Any, *args: Any, **kwargs: Any) -> Any:
-        _end_hold(connection)  # the asyncio BlockingConnectionPool's calls its base's: ends once
-        result = await original(self, connection, *args, **kwargs)
-        _after_release(self)
+        now = _now()
+        try:  # the asyncio BlockingConnectionPool's calls its base's: the hold ends once
+            try:
+                held = connection._latprof_redis_hold  # _HOLD_ATTR
+                if held is not None:
+                    connection._latprof_redis_hold = None
+            except AttributeError:  # never checked out by this hook, or a connection class without a __dict__
+                held = _holds.pop(connection, None)
+            if held is not None:
+                start, request, parent, attrs = held
+                _record(
+                    SEGMENT_CONNECTION_HOLD,
+                    None,
+                    start,
+                    now,
+                    attrs,
+                    parent_id=parent,
+                    state=request,
+                    copy_attrs=False,
+                )
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+        result = await (original(self, connection, *args, **kwargs) if args or kwargs else original(self, connection))
+        try:
+            state = self._latprof_redis_pool  # _STATE_ATTR
+        except AttributeError:  # no checkout seen yet
+            state = None
+        if state is not None and (now >= state.gauge_due_ns or now < state.gauged_at_ns):  # gauges due
+            _read_gauges(self, state, now)  # (guarded)
         return result
 
     return release
-
-
-@runtime.guarded(HOOK)
-def _end_hold(connection: Any) -> None:
-    held = _holds.pop(connection, None)
-    if held is None:
-        return
-    start, request, parent, name = held
-    runtime.record(
-        SEGMENT_CONNECTION_HOLD,
-        None,
-        start,
-        runtime.now_ns(),
-        {DB_POOL_NAME: name},
-        parent_id=runtime.ROOT if parent is None else parent,  # not under whatever runs the release
-        state=request,
-    )
-
-
-@runtime.guarded(HOOK)
-def _after_release(pool: Any) -> None:
-    state = pool.__dict__.get(_STATE_ATTR)
-    if state is not None:
-        _read_gauges(pool, state)
 
 
 # --- commands and pipelines -------------------------------------------------------------------
@@ -673,15 +816,23 @@ def _after_release(pool: Any) -> None:
 def _wrap_command(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def execute_command(self: Any, *args: Any, **options: Any) -> Any:
-        command = _begin_command(args, None, None)
-        if command is None:
+        request = _request_get()
+        # outside a request, inside another command (a pipeline's SCRIPT EXISTS: part of it), or
+        # when recording is off: nothing to do
+        if request is None or _command_get() is not None or not _active():
+            return original(self, *args, **options)
+        try:
+            command = [_now(), request, None]
+            token = _command_set(command)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
             return original(self, *args, **options)
         try:
             result = original(self, *args, **options)
         except BaseException as exc:
-            _end_command(command, exc)
+            _end_command(command, token, args, None, None, exc)
             raise
-        _end_command(command, None)
+        _end_command(command, token, args, None, None, None)
         return result
 
     return execute_command
@@ -690,15 +841,21 @@ def _wrap_command(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_async_command(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def execute_command(self: Any, *args: Any, **options: Any) -> Any:
-        command = _begin_command(args, None, None)
-        if command is None:
+        request = _request_get()
+        if request is None or _command_get() is not None or not _active():
+            return await original(self, *args, **options)
+        try:
+            command = [_now(), request, None]
+            token = _command_set(command)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
             return await original(self, *args, **options)
         try:
             result = await original(self, *args, **options)
         except BaseException as exc:
-            _end_command(command, exc)
+            _end_command(command, token, args, None, None, exc)
             raise
-        _end_command(command, None)
+        _end_command(command, token, args, None, None, None)
         return result
 
     return execute_command
@@ -707,15 +864,16 @@ def _wrap_async_command(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_pipeline_execute(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        command = _begin_pipeline(self)
-        if command is None:
+        begun = _begin_pipeline(self)
+        if begun is None:
             return original(self, *args, **kwargs)
+        command, token, operation, batch_size = begun
         try:
             result = original(self, *args, **kwargs)
         except BaseException as exc:
-            _end_command(command, exc)
+            _end_command(command, token, (), operation, batch_size, exc)
             raise
-        _end_command(command, None)
+        _end_command(command, token, (), operation, batch_size, None)
         return result
 
     return execute
@@ -724,21 +882,26 @@ def _wrap_pipeline_execute(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_async_pipeline_execute(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        command = _begin_pipeline(self)
-        if command is None:
+        begun = _begin_pipeline(self)
+        if begun is None:
             return await original(self, *args, **kwargs)
+        command, token, operation, batch_size = begun
         try:
             result = await original(self, *args, **kwargs)
         except BaseException as exc:
-            _end_command(command, exc)
+            _end_command(command, token, (), operation, batch_size, exc)
             raise
-        _end_command(command, None)
+        _end_command(command, token, (), operation, batch_size, None)
         return result
 
     return execute
 
 
-def _begin_pipeline(pipeline: Any) -> _Command | None:
+def _begin_pipeline(pipeline: Any) -> tuple[list[Any], contextvars.Token[list[Any] | None], str, int] | None:
+    """(command cell, its token, PIPELINE or MULTI, batch size) of a pipeline about to run, or None."""
+    request = _request_get()
+    if request is None or _command_get() is not None or not _active():
+        return None
     try:
         stack = pipeline.command_stack
         if not stack and not pipeline.watching:
@@ -747,44 +910,40 @@ def _begin_pipeline(pipeline: Any) -> _Command | None:
         if transaction is None:
             transaction = getattr(pipeline, "transaction", False)
         operation = TRANSACTION if transaction or pipeline.explicit_transaction else PIPELINE
-        return _begin_command((), operation, len(stack))
+        command = [_now(), request, None]
+        return command, _command_set(command), operation, len(stack)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
         return None
 
 
-def _begin_command(args: tuple[Any, ...], operation: str | None, batch_size: int | None) -> _Command | None:
-    try:
-        if _command.get() is not None:  # inside another command (a pipeline's SCRIPT EXISTS): part of it
-            return None
-        request = runtime.current_request()
-        if request is None or not runtime.active():
-            return None
-        command = _Command(args[:2], operation, batch_size, request, runtime.now_ns())
-        command.token = _command.set(command)
-        return command
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
-        return None
-
-
-def _end_command(command: _Command, error: BaseException | None) -> None:
-    end = runtime.now_ns()
+def _end_command(
+    command: list[Any],
+    token: contextvars.Token[list[Any] | None],
+    args: tuple[Any, ...],
+    operation: str | None,
+    batch_size: int | None,
+    error: BaseException | None,
+) -> None:
+    """Record the `db.query` segment of a command (named from its `args`) or of a pipeline (`operation`)."""
+    end = _now()
     try:
         try:
-            if command.token is not None:
-                _command.reset(command.token)
+            _command_reset(token)
         except ValueError:  # not the context it was set in
-            _command.set(None)
-        name = command.operation or command_name(command.head)
-        attrs: dict[str, Any] = {DB_SYSTEM_NAME: SYSTEM, DB_OPERATION_NAME: name, DB_QUERY_SUMMARY: name}
-        if command.batch_size is not None:
-            attrs[DB_OPERATION_BATCH_SIZE] = command.batch_size
-        if error is not None:
-            attrs[ERROR_TYPE] = type(error).__qualname__
-        start = command.query_start_ns if command.query_start_ns is not None else command.start_ns
-        runtime.record(name, DB_QUERY, start, end, attrs, state=command.request)
+            _command_set(None)
+        name = operation or command_name(args)
+        attrs = _query_attrs.get(name) if batch_size is None and error is None else None
+        if attrs is None:
+            attrs = {DB_SYSTEM_NAME: SYSTEM, DB_OPERATION_NAME: name, DB_QUERY_SUMMARY: name}
+            if batch_size is not None:
+                attrs[DB_OPERATION_BATCH_SIZE] = batch_size
+            if error is not None:
+                attrs[ERROR_TYPE] = type(error).__qualname__
+            elif batch_size is None:  # the plain command's: shared by its later segments, never changed
+                if len(_query_attrs) >= COMMAND_NAME_CACHE_SIZE:
+                    _query_attrs.clear()
+                _query_attrs[name] = attrs
+        _record(name, DB_QUERY, command[0], end, attrs, state=command[1], copy_attrs=False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
-    finally:
-        command.head = ()
