@@ -340,7 +340,10 @@ def _wrap_acquire(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _begin_checkout(pool: Any) -> _Checkout | None:
     try:
-        queue = pool._queue
+        try:
+            queue = pool._queue
+        except AttributeError:
+            queue = None
         if queue is None:
             return None  # not initialised yet
         try:
