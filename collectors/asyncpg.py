@@ -230,7 +230,7 @@ def _apply() -> None:
         original = cls.__dict__.get(name)
         if original is not None:
             _replace(cls, name, _wrap_statement(original, query_of))
-    _wait_histogram = _make_wait_histogram()
+    _wait_histogram = runtime.connection_wait_histogram(HOOK)
     _wait_histogram_proxy = hasattr(_wait_histogram, "_real_instrument")
 
 
@@ -250,19 +250,6 @@ def _unpatch() -> None:
     _patched.clear()
     _wait_histogram, _wait_histogram_proxy = None, False
 
-
-def _make_wait_histogram() -> Any:
-    try:
-        from opentelemetry import metrics
-
-        # The SQLAlchemy hook's instrument: same meter, name, unit and description, so an SDK
-        # gives both hooks one histogram, told apart by the pool name.
-        return metrics.get_meter("latprof").create_histogram(
-            OTEL_WAIT_TIME, unit="s", description="The time it took to obtain an open connection from the pool"
-        )
-    except Exception as exc:  # opentelemetry-api missing or broken: the rest still works
-        runtime.count_error(HOOK, exc)
-        return None
 
 
 # --- pools: names and state -------------------------------------------------------------------

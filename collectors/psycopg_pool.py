@@ -201,7 +201,7 @@ def _apply(psycopg_pool_module: types.ModuleType) -> None:
         # A server cursor's executemany only raises NotSupportedError: no statement to time.
         if "executemany" in cls.__dict__ and not issubclass(cls, server_cursors):
             _replace(cls, "executemany", _wrap_execute(cls.__dict__["executemany"]))
-    _wait_histogram = _make_wait_histogram()
+    _wait_histogram = runtime.connection_wait_histogram(HOOK)
 
 
 def _replace(cls: type, name: str, wrapper: Callable[..., Any]) -> None:
@@ -220,17 +220,6 @@ def _unpatch() -> None:
     _patched.clear()
     _wait_histogram = None
 
-
-def _make_wait_histogram() -> Any:
-    try:
-        from opentelemetry import metrics
-
-        return metrics.get_meter("latprof").create_histogram(
-            OTEL_WAIT_TIME, unit="s", description="The time it took to obtain an open connection from the pool"
-        )
-    except Exception as exc:  # opentelemetry-api missing or broken: the rest still works
-        runtime.count_error(HOOK, exc)
-        return None
 
 
 # --- pools: names and state -------------------------------------------------------------------

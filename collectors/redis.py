@@ -273,7 +273,7 @@ def _patch(redis_module: types.ModuleType) -> None:
                 wrapper.__latprof_original__ = original  # type: ignore[attr-defined]
                 setattr(cls, name, wrapper)
                 _patched.append((cls, name, original))
-        _wait_histogram = _make_wait_histogram()
+        _wait_histogram = runtime.connection_wait_histogram(HOOK)
         _wait_histogram_proxy = hasattr(_wait_histogram, "_real_instrument")
 
 
@@ -341,17 +341,6 @@ def _calls(fn: Any, name: str) -> bool:
             break
     return False
 
-
-def _make_wait_histogram() -> Any:
-    try:
-        from opentelemetry import metrics
-
-        return metrics.get_meter("latprof").create_histogram(
-            OTEL_WAIT_TIME, unit="s", description="The time it took to obtain an open connection from the pool"
-        )
-    except Exception as exc:  # opentelemetry-api missing or broken: the rest still works
-        runtime.count_error(HOOK, exc)
-        return None
 
 
 def redis_records_wait_time() -> bool:

@@ -382,6 +382,26 @@ def gauge(name: str, value: float, attrs: Mapping[str, Any] | None = None) -> No
         emit(Gauge(name, float(value), now_ns(), _pid, dict(attrs) if attrs else NO_ATTRS))
 
 
+def connection_wait_histogram(hook: str) -> Any:
+    """OpenTelemetry's `db.client.connection.wait_time` histogram (seconds), through opentelemetry-api.
+
+    Every pool hook asks for the same meter, name, unit and description, so an SDK gives them
+    one instrument, told apart by the pool name. None (the error counted for `hook`) when
+    opentelemetry-api is missing or broken: the rest of the hook still works.
+    """
+    try:
+        from opentelemetry import metrics
+
+        return metrics.get_meter("latprof").create_histogram(
+            semconv.METRIC_DB_CONNECTION_WAIT_TIME,
+            unit="s",
+            description="The time it took to obtain an open connection from the pool",
+        )
+    except Exception as exc:
+        count_error(hook, exc)
+        return None
+
+
 # --- the hooks' own errors ---------------------------------------------------------------------
 
 

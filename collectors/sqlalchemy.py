@@ -226,7 +226,7 @@ def _apply() -> None:
     ):
         event.listen(target, name, fn)
         _listeners.append((target, name, fn))
-    _wait_histogram = _make_wait_histogram()
+    _wait_histogram = runtime.connection_wait_histogram(HOOK)
 
 
 def _patch_dialect_class(cls: type) -> None:
@@ -261,17 +261,6 @@ def _unpatch() -> None:
     _patched.clear()
     _wait_histogram = None
 
-
-def _make_wait_histogram() -> Any:
-    try:
-        from opentelemetry import metrics
-
-        return metrics.get_meter("latprof").create_histogram(
-            OTEL_WAIT_TIME, unit="s", description="The time it took to obtain an open connection from the pool"
-        )
-    except Exception as exc:  # opentelemetry-api missing or broken: the rest still works
-        runtime.count_error(HOOK, exc)
-        return None
 
 
 # --- pools: names and state -------------------------------------------------------------------
