@@ -24,6 +24,8 @@ import pytest
 from apps.harness import ROOT, Pending, Server, get
 from recording import recording
 
+from apps import services
+
 from latprof.capture.reader import read_captures
 from latprof.collectors import runtime
 from latprof.events import Gauge, QualityRecord, Request, Segment
@@ -51,10 +53,8 @@ SECRET = "latprof-secret-parameter-4711"  # a parameter value that must never re
 
 
 def missing(reason: str) -> None:
-    """Skip on a developer box; in CI a missing database or driver is a failure."""
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: PostgreSQL, psycopg and psycopg_pool are required)")
-    pytest.skip(reason)
+    """Skip on a developer box; in CI a missing service or driver is a failure."""
+    services.missing(reason, "PostgreSQL, psycopg and psycopg_pool are")
 
 
 try:

@@ -23,6 +23,8 @@ from typing import Iterator
 import pytest
 from recording import recording
 
+from apps import services
+
 from latprof.capture.reader import read_captures
 from latprof.collectors import runtime
 from latprof.events import Gauge, QualityRecord, Request, Segment
@@ -48,10 +50,8 @@ SECRET_KEY = f"{PREFIX}:latprof-secret-key-0815"  # a key that must never reach 
 
 
 def missing(reason: str) -> None:
-    """Skip on a developer box; in CI a missing redis server or client is a failure."""
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: a redis server and redis-py are required)")
-    pytest.skip(reason)
+    """Skip on a developer box; in CI a missing service or driver is a failure."""
+    services.missing(reason, "a redis server and redis-py are")
 
 
 try:

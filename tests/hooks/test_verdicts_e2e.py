@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from apps.harness import CONFIGS
+from apps.services import require_pg
 
 from latprof.collectors.asgi import HELD_THE_LOOP
 from latprof.demo.run import DemoResult, run_demo
@@ -25,29 +26,6 @@ DEMO_SECONDS = float(os.environ.get("LATPROF_TEST_DEMO_SECONDS", "10"))
 SERVERS = [(http, loop) for loop, http in CONFIGS]
 SERVER_IDS = [f"{http}+{loop}" for http, loop in SERVERS]
 servers = pytest.mark.parametrize(("http", "loop"), SERVERS, ids=SERVER_IDS)
-
-
-def _pg_unreachable() -> str | None:
-    """Why PostgreSQL at PG_DSN cannot be used, or None when it can."""
-    try:
-        import psycopg
-    except ImportError as exc:
-        return f"psycopg is not installed: {exc}"
-    try:
-        with psycopg.connect(PG_DSN, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except Exception as exc:  # noqa: BLE001 - any failure means: not usable here
-        return f"PostgreSQL at {PG_DSN} is unreachable: {type(exc).__name__}: {str(exc).strip()[:200]}"
-    return None
-
-
-def _require_pg() -> None:
-    reason = _pg_unreachable()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (CI=true: PostgreSQL is required)")
-    pytest.skip(reason)
 
 
 def _demo(tmp_path: Path, scenario: str, *, dsn: str | None = None, http: str = "auto", loop: str = "auto") -> DemoResult:
@@ -99,7 +77,7 @@ def test_pool_held_across_llm_sqlite(tmp_path: Path, http: str, loop: str) -> No
 
 @pytest.mark.slow
 def test_pool_held_across_llm_postgresql(tmp_path: Path) -> None:
-    _require_pg()
+    require_pg(PG_DSN)
     _check_pool_verdict(tmp_path, PG_DSN)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -11,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from apps.services import PG_DSN, require_pg
 from apps.harness import ROOT, Capture, GunicornServer, Pending, get
 from latprof.collectors.wsgi import BACKLOG_WAIT, BEHIND_THE_PROXY, THREADPOOL_WAIT
 
@@ -233,27 +233,11 @@ def test_sync_workers_saturated_by_bursts_give_the_queue_verdict(tmp_path):
     assert list(finding["evidence"]["queue_sources"])[0] == "backlog"
 
 
-PG = os.environ.get("LATPROF_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test").replace("+psycopg", "")
-
-
-def _require_pg() -> None:
-    try:
-        import psycopg
-
-        with psycopg.connect(PG, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except Exception as exc:  # any failure: not usable here
-        reason = f"PostgreSQL at {PG} is unreachable: {type(exc).__name__}: {str(exc).strip()[:200]}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{reason} (CI=true: PostgreSQL is required)")
-        pytest.skip(reason)
-
-
 def test_gunicorn_threads_on_a_small_psycopg_pool_give_the_db_pool_verdict(tmp_path):
     """gthread, 6 threads, a psycopg_pool of 2 connections held 80 ms per request; bursts wait for them."""
-    _require_pg()
+    require_pg()
     server = GunicornServer(
-        APP, "", "", tmp_path, worker_class="gthread", threads=6, env={"WSGI_APP_PG": PG, "WSGI_APP_POOL_MAX": "2"}
+        APP, "", "", tmp_path, worker_class="gthread", threads=6, env={"WSGI_APP_PG": PG_DSN, "WSGI_APP_POOL_MAX": "2"}
     ).start()
     try:
         assert get(server.port, "/db?ms=1").status == 200  # opens the pool
