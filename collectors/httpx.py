@@ -67,7 +67,6 @@ import functools
 import importlib
 import itertools
 import os
-import re
 import sys
 import time
 import zlib
@@ -441,6 +440,56 @@ def _async_wait_for_connection(original: Callable[..., Any], family: _Family) ->
 # --- one outbound call -------------------------------------------------------------------------
 
 
+def _target(request: Any) -> tuple[str, str, int | None, str]:
+    """The method, host, port and path of an httpx/httpx2 request."""
+    url = request.url
+    method = request.method
+    if type(method) is not str:
+        method = str(method)
+    parts = getattr(url, "_uri_reference", None)  # httpx's and httpx2's parsed URL: its properties do work
+    if parts is None:
+        return method, str(url.host), url.port or _DEFAULT_PORTS.get(url.scheme), url.path
+    host = parts.host
+    if "xn--" in host:  # an IDNA host: the library decodes it (each its own way)
+        host = url.host
+    path = parts.path or "/"
+    if "%" in path:  # percent-encoded: the library unquotes it
+        path = url.path
+    return method, host, parts.port or _DEFAULT_PORTS.get(parts.scheme), path
+
+
+def _record_call(
+    state: runtime.RequestState, segment_id: str, parent: str | None, start: int, end: int,
+    target: tuple[str, str, int | None, str], status: int | None, error: BaseException | None, depends: str | None,
+) -> None:
+    """The `tool` segment of a call that is over (`_Exchange._record_tool` without an exchange)."""
+    method, host, port, _ = target
+    if error is None and port is not None and status is not None and status < 400:  # the usual answer
+        attrs = {HTTP_REQUEST_METHOD: method, SERVER_ADDRESS: host, SERVER_PORT: port, HTTP_STATUS_CODE: status}
+    else:
+        attrs = {HTTP_REQUEST_METHOD: method, SERVER_ADDRESS: host}
+        if port is not None:
+            attrs[SERVER_PORT] = port
+        if status is not None:
+            attrs[HTTP_STATUS_CODE] = status
+        if error is not None:
+            attrs[ERROR_TYPE] = type(error).__qualname__
+        elif status is not None and status >= 400:
+            attrs[ERROR_TYPE] = str(status)
+    if depends is not None:
+        attrs[TOOL_DEPENDS_ON] = depends
+    runtime.record(f"HTTP {method} {host}", TOOL, start, end, attrs,
+                   parent_id=parent if parent is not None else runtime.ROOT,
+                   segment_id=segment_id, state=state, copy_attrs=False)
+
+
+def _answer_of(state: runtime.RequestState, segment_id: str, response: Any) -> None:
+    """Keep the start of a whole answer that has a digit, for the calls after it (`_answered`)."""
+    content = getattr(response, "_content", None)  # read whole by send(stream=False)
+    if isinstance(content, bytes):
+        _tools.keep(state, segment_id, content)
+
+
 class _Exchange:
     """One `send` inside a request, until its response is closed and `finish` records it (once)."""
 
@@ -456,24 +505,7 @@ class _Exchange:
         self.state = state
         self.parent_id: str | None = _parent_var.get()
         self.segment_id = runtime.new_id()
-        url = request.url
-        method = request.method
-        self.method = method if type(method) is str else str(method)
-        parts = getattr(url, "_uri_reference", None)  # httpx's and httpx2's parsed URL: its properties do work
-        if parts is not None:
-            host = parts.host
-            if "xn--" in host:  # an IDNA host: the library decodes it (each its own way)
-                host = url.host
-            port = parts.port
-            path = parts.path or "/"
-            if "%" in path:  # percent-encoded: the library unquotes it
-                path = url.path
-            self.host = host
-            self.port = port or _DEFAULT_PORTS.get(parts.scheme)
-        else:
-            self.host = str(url.host)
-            self.port = url.port or _DEFAULT_PORTS.get(url.scheme)
-            path = url.path
+        self.method, self.host, self.port, path = _target(request)
         self.llm = llm_path(path) if path.rstrip("/").endswith(LLM_PATHS) else None
         self.status: int | None = None
         self.error: BaseException | None = None
@@ -488,7 +520,7 @@ class _Exchange:
         self.answer_size = 0
         if self.llm is None:
             if state.scratch is not None:  # an earlier call of the request may have answered something
-                self.depends = _depends_on(state, url, request)
+                self.depends = _depends_on(state, request.url, request)
             self.answer = []
         else:  # what only an LLM call needs
             self.provider_name = _provider_name(self.llm, path)
@@ -612,22 +644,11 @@ class _Exchange:
         return self.parent_id if self.parent_id is not None else runtime.ROOT
 
     def _record_tool(self, end: int, error: BaseException | None) -> None:
-        method, host, port, status = self.method, self.host, self.port, self.status
-        if error is None and port is not None and status is not None and status < 400:  # the usual answer
-            attrs = {HTTP_REQUEST_METHOD: method, SERVER_ADDRESS: host, SERVER_PORT: port, HTTP_STATUS_CODE: status}
-        else:
-            attrs = self._http_attrs(error)
-        if self.depends is not None:
-            attrs[TOOL_DEPENDS_ON] = self.depends
-        parent = self.parent_id
-        runtime.record(f"HTTP {method} {host}", TOOL, self.start_ns, end, attrs,
-                       parent_id=parent if parent is not None else runtime.ROOT,
-                       segment_id=self.segment_id, state=self.state, copy_attrs=False)
+        _record_call(self.state, self.segment_id, self.parent_id, self.start_ns, end,
+                     (self.method, self.host, self.port, ""), self.status, error, self.depends)
         answer, self.answer = self.answer, None
         if answer and error is None:
-            body = answer[0] if len(answer) == 1 else b"".join(answer)
-            if _find_digit(body, 0, _tools.MAX_SCAN_BYTES) is not None:  # else it has no value to keep
-                _answered(self.state, self.segment_id, body)
+            _tools.keep(self.state, self.segment_id, answer[0] if len(answer) == 1 else b"".join(answer))
 
     def _record_llm(self, end: int, error: BaseException | None, abandoned: bool) -> None:
         suffix = self.llm or ""
@@ -766,54 +787,21 @@ def _provider_name(suffix: str, path: str) -> str | None:
     return None
 
 
-# --- which calls depend on an earlier one (collectors/_tools.py), tokenised only when asked ------
-#
-# `_tools.answered` tokenises an answer at once; most answers are never asked about (no later
-# call of the request sends anything id-like). So an answer is kept, as its first
-# MAX_SCAN_BYTES, in the request's scratch space (`_PENDING`, at most `_tools.MAX_CALLS` of
-# them: the oldest is tokenised when one more comes) and handed to `_tools.answered`, in order,
-# only when a later call sends something that could be a value (a token has a digit). An answer
-# without a digit has no value: it is not kept. What `depends_on` finds is what it would have.
-
-_PENDING = "httpx.answers"
-_find_digit = re.compile(rb"[0-9]").search  # every value `_tools.tokens` finds has one
+# --- which calls depend on an earlier one (collectors/_tools.py) --------------------------------
 
 
 def _answered(state: runtime.RequestState, segment_id: str, body: bytes) -> None:
-    """The call `segment_id` answered `body` (what the caller read of it, with a digit in its
-    first MAX_SCAN_BYTES): keep it for `_depends_on`."""
-    scratch = state.scratch
-    if scratch is None:
-        scratch = state.scratch = {}
-    pending: list[tuple[str, bytes]] | None = scratch.get(_PENDING)
-    if pending is None:
-        pending = scratch[_PENDING] = []
-    pending.append((segment_id, body[: _tools.MAX_SCAN_BYTES]))
-    if len(pending) > _tools.MAX_CALLS:
-        _tools.answered(state, *pending.pop(0))
+    """The call `segment_id` answered `body` (what the caller read of it): keep it for later calls."""
+    _tools.keep(state, segment_id, body)
 
 
 def _depends_on(state: runtime.RequestState, url: Any, request: Any) -> str | None:
     """`_tools.depends_on` for this call (its path and query, and its body when given as bytes)."""
-    scratch = state.scratch
-    if scratch is None:
-        return None
-    pending = scratch.get(_PENDING)
-    if not pending and not scratch.get(_tools._KEY):
-        return None
     target = getattr(url, "raw_path", b"")
     if not isinstance(target, bytes):
         target = str(target).encode("utf-8", "replace")
     body = getattr(request, "_content", None)
-    if not isinstance(body, (bytes, bytearray)):
-        body = None
-    if _find_digit(target) is None and (body is None or _find_digit(body, 0, _tools.MAX_SCAN_BYTES) is None):
-        return None  # nothing it sends can be a value
-    if pending:
-        for segment_id, answer in pending:
-            _tools.answered(state, segment_id, answer)
-        pending.clear()
-    return _tools.depends_on(state, target, body)
+    return _tools.depends_on(state, target, body if isinstance(body, (bytes, bytearray)) else None)
 
 
 # --- send --------------------------------------------------------------------------------------
@@ -850,16 +838,66 @@ def _unnest(token: Any) -> None:
             runtime.count_error(HOOK, exc)
 
 
+def _plain_call(state: runtime.RequestState, request: Any, kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """For the usual call (not to an LLM path, not streamed: `send` reads the answer whole), what
+    recording it needs: (target, depends on, parent, segment id); None for any other call."""
+    if kwargs.get("stream"):
+        return None
+    target = _target(request)
+    path = target[3]
+    if path.rstrip("/").endswith(LLM_PATHS):
+        return None
+    depends = _depends_on(state, request.url, request) if state.scratch is not None else None
+    return target, depends, _parent_var.get(), runtime.new_id()
+
+
+def _plain_done(
+    state: runtime.RequestState, plain: tuple[Any, ...], start: int, request: Any, response: Any,
+    error: BaseException | None, watch: Any,
+) -> None:
+    """The usual call returned `response` (or raised `error`): record it."""
+    target, depends, parent, segment_id = plain
+    try:
+        if error is None and not response.is_closed:  # not read after all: watch it like a stream
+            exchange = _Exchange(state, request)
+            exchange.segment_id, exchange.parent_id, exchange.start_ns, exchange.depends = segment_id, parent, start, depends
+            exchange.responded(response, watch)
+            return
+        _record_call(state, segment_id, parent, start, _now(), target,
+                     None if response is None else response.status_code, error, depends)
+        if error is None:
+            _answer_of(state, segment_id, response)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+
+
 def _sync_send(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         state = _request_var.get()  # _begin, inlined
         if state is None or runtime._writer is None or _in_sdk_call.get():
             return original(self, request, *args, **kwargs)
         try:
-            exchange = _Exchange(state, request)
+            plain = _plain_call(state, request, kwargs)
+            exchange = _Exchange(state, request) if plain is None else None
         except Exception as exc:
             runtime.count_error(HOOK, exc)
             return original(self, request, *args, **kwargs)
+        if plain is not None:  # the usual call, without an _Exchange
+            start = _now()
+            token = _parent_var.set(plain[3])  # the pool wait of this call is its child
+            try:
+                response = original(self, request, *args, **kwargs)
+            except BaseException as exc:
+                _plain_done(state, plain, start, request, None, exc, None)
+                raise
+            finally:
+                try:
+                    _parent_var.reset(token)
+                except ValueError:  # left from another context
+                    pass
+            _plain_done(state, plain, start, request, response, None, family.sync_watch)
+            return response
+        assert exchange is not None
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
         token = _parent_var.set(exchange.segment_id)  # _nest: the pool wait of this call is its child
         try:
@@ -891,10 +929,27 @@ def _async_send(original: Callable[..., Any], family: _Family) -> Callable[..., 
         if state is None or runtime._writer is None or _in_sdk_call.get():
             return await original(self, request, *args, **kwargs)
         try:
-            exchange = _Exchange(state, request)
+            plain = _plain_call(state, request, kwargs)
+            exchange = _Exchange(state, request) if plain is None else None
         except Exception as exc:
             runtime.count_error(HOOK, exc)
             return await original(self, request, *args, **kwargs)
+        if plain is not None:  # the usual call, without an _Exchange
+            start = _now()
+            token = _parent_var.set(plain[3])
+            try:
+                response = await original(self, request, *args, **kwargs)
+            except BaseException as exc:
+                _plain_done(state, plain, start, request, None, exc, None)
+                raise
+            finally:
+                try:
+                    _parent_var.reset(token)
+                except ValueError:  # left from another context
+                    pass
+            _plain_done(state, plain, start, request, response, None, family.async_watch)
+            return response
+        assert exchange is not None
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
         token = _parent_var.set(exchange.segment_id)  # _nest: the pool wait of this call is its child
         try:

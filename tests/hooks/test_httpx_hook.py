@@ -608,12 +608,12 @@ def test_answers_are_tokenised_only_when_a_later_call_sends_a_value_and_depends_
             client.get("http://tools.test/customer")
             for _ in range(_tools.MAX_CALLS + 4):  # answers without a value evict nothing
                 client.get("http://tools.test/plain")
-            pending_before = list(state.scratch[hook._PENDING])
+            pending_before = list(state.scratch[_tools._PENDING])
             client.get("http://tools.test/tickets", params={"of": "cust_48213"})
             client.post("http://tools.test/search", content=b'{"customer": "cust_48213"}')
             for i in range(_tools.MAX_CALLS * 2):  # memory stays bounded
                 client.get(f"http://tools.test/ids/{i}")
-            return {"pending_before": pending_before, "pending": len(state.scratch[hook._PENDING]),
+            return {"pending_before": pending_before, "pending": len(state.scratch[_tools._PENDING]),
                     "tools": len(state.scratch.get(_tools._KEY, []))}
 
     found = in_request(calls)
