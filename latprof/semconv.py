@@ -11,6 +11,9 @@ GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
 GEN_AI_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+#: On an agent tool call (`execute_tool {name}`): the tool's name, and the model's id for the call.
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 DB_SYSTEM_NAME: Final = "db.system.name"
 DB_OPERATION_NAME: Final = "db.operation.name"
 DB_QUERY_SUMMARY: Final = "db.query.summary"
@@ -41,7 +44,8 @@ SPLIT_UNKNOWN: Final = "latprof.split_unknown"
 OUTPUT_CHUNKS: Final = "latprof.output_chunks"
 #: float on a pool checkout segment: ms of it spent opening a new connection.
 CONNECT_MS: Final = "latprof.db.connect_ms"
-#: str on a `queue` segment: what the request queued in (backlog, threadpool, limiter, header).
+#: str on a `queue` segment: what the request queued in (backlog, threadpool, limiter, header,
+#: executor: a task the request handed to a `ThreadPoolExecutor` waited for a worker).
 QUEUE_SOURCE: Final = "latprof.queue.source"
 
 #: int on a request root recorded as a random sample: the requests it stands for (1 / its
@@ -61,6 +65,8 @@ LOCK_SITE: Final = "latprof.lock.site"
 #: value this call sent (so it could not have started before that call ended), or true when
 #: the hook saw such a value without knowing which call it came from.
 TOOL_DEPENDS_ON: Final = "latprof.tool.depends_on"
+#: str on an agent tool call: the framework that called it (langchain, openai-agents, mcp).
+TOOL_FRAMEWORK: Final = "latprof.tool.framework"
 
 #: Name of the segment of a sleep inside a request (collectors/sleeps.py): `retry` when a retry
 #: library slept, else without a layer until the analysis finds it was a backoff.
@@ -78,6 +84,10 @@ HTTP_POOL_NAME: Final = "latprof.http.pool.name"
 HTTP_POOL_MAX_CONNECTIONS: Final = "latprof.http.pool.max_connections"
 HTTP_POOL_MAX_KEEPALIVE: Final = "latprof.http.pool.max_keepalive_connections"
 HTTP_POOL_MAX_PER_HOST: Final = "latprof.http.pool.max_per_host"
+#: On a `queue` segment of a task that waited for a worker of a `ThreadPoolExecutor`: the
+#: pool's thread name prefix, and its `max_workers`.
+THREAD_POOL_NAME: Final = "latprof.thread_pool.name"
+THREAD_POOL_MAX_WORKERS: Final = "latprof.thread_pool.max_workers"
 
 #: str on a NOTE_ERROR record: the text of the last error a collector swallowed.
 LAST_ERROR: Final = "latprof.last_error"

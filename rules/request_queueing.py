@@ -17,6 +17,7 @@ _SOURCE_PHRASES = {
     "backlog": "the accept backlog",
     "threadpool": "the worker thread pool",
     "limiter": "a concurrency limiter",
+    "executor": "a thread pool the handlers hand work to",
     "header": "front of the service (measured from the proxy's request-start header)",
 }
 
@@ -27,6 +28,9 @@ _SOURCE_FIXES = {
     "threadpool": "Requests waited for a thread of the worker pool (sync endpoints run on anyio's 40-thread"
     " limiter in FastAPI/Starlette, Django/Flask on the server's threads): raise the pool size or make the"
     " slow handlers async.",
+    "executor": "Work the handlers hand to a ThreadPoolExecutor (or `loop.run_in_executor`) waited for a"
+    " free worker of that pool: raise its `max_workers` to the fan-out you need, or give the slow tasks"
+    " their own pool so they do not queue in front of the quick ones.",
     "limiter": "Requests waited on the service's own concurrency limiter: raise the limit if the"
     " dependencies behind it have headroom, otherwise shed the excess early (429) instead of queueing it.",
     "header": "Requests waited in front of the service (between the proxy and the app): add worker"
@@ -59,7 +63,7 @@ class RequestQueueing(Rule):
     Evidence:
         queue time p50/p99 and its tail excess and share; where requests queued (the
         `latprof.queue.source` of the queue segments, counted: backlog, threadpool,
-        limiter, header); peak and mean accept-queue depth from the `accept.queue_depth`
+        limiter, header, executor); peak and mean accept-queue depth from the `accept.queue_depth`
         gauge when it was recorded; the most requests in flight at once (arrived and not yet
         answered, queued or served), from the request intervals; example request ids.
 

@@ -264,3 +264,35 @@ def test_gunicorn_threads_on_a_small_psycopg_pool_give_the_db_pool_verdict(tmp_p
     assert verdict["layer"] == "db.pool" and verdict["rule"] == "db-pool-exhaustion", verdict
     (finding,) = [f for f in report["findings"] if f["rule"] == "db-pool-exhaustion"]
     assert finding["evidence"]["pool_max"] == 2 and finding["evidence"]["pools"] == ["wsgi-app"]
+
+
+def test_gunicorn_sync_workers_fanning_out_on_a_small_psycopg_pool_give_the_db_pool_verdict(tmp_path):
+    """2 sync workers, each with a psycopg_pool of 2 connections; every request runs its lookups in
+    parallel on a thread pool (the `threads` hook keeps them in the request): most requests make 2
+    lookups, every fifth makes 8, and 6 of those wait for a connection."""
+    require_pg()
+    server = GunicornServer(
+        APP, "", "", tmp_path, workers=2, env={"WSGI_APP_PG": PG_DSN, "WSGI_APP_POOL_MAX": "2"}
+    ).start()
+    try:
+        for _ in range(4):
+            assert get(server.port, "/fanout?n=2&ms=1").status == 200  # opens both workers' pools
+        time.sleep(2.1)  # what follows is past the analysis' warm-up
+        with ThreadPoolExecutor(2) as clients:  # two at a time: the two workers, no backlog
+            paths = [f"/fanout?n={8 if i % 5 == 0 else 2}&ms=25" for i in range(200)]
+            assert [r.status for r in clients.map(lambda p: get(server.port, p), paths)] == [200] * len(paths)
+        server.stop()
+    finally:
+        server.kill()
+    out = subprocess.run(
+        [sys.executable, "-m", "latprof", "analyze", "--format", "json", str(server.capture_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    verdict = report["verdict"]
+    print(f"verdict {verdict}; latency {report['latency_ms']}")
+    assert verdict["layer"] == "db.pool" and verdict["rule"] == "db-pool-exhaustion", verdict
+    (finding,) = [f for f in report["findings"] if f["rule"] == "db-pool-exhaustion"]
+    assert finding["evidence"]["pool_max"] == 2 and finding["evidence"]["pools"] == ["wsgi-app"]
+    assert report["collection"]["coverage"] > 0.8, report["collection"]

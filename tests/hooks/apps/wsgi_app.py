@@ -6,6 +6,7 @@ import os
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from flask import Flask, Response, jsonify, request, send_file
 
@@ -13,6 +14,7 @@ app = Flask(__name__)
 _lock = threading.Lock()
 _pool = None  # a psycopg_pool ConnectionPool of WSGI_APP_POOL_MAX connections, made on first use
 _pool_lock = threading.Lock()
+_lookups = ThreadPoolExecutor(8, thread_name_prefix="lookups")  # what /fanout hands its lookups to
 _FILE = os.path.join(tempfile.gettempdir(), f"latprof-wsgi-test-{os.getpid()}.txt")
 
 
@@ -74,9 +76,8 @@ def locked():
     return "done"
 
 
-@app.get("/db")
-def db():
-    """Check a connection out of the process's small psycopg_pool pool and hold it for `ms`."""
+def _db_pool():
+    """The process's small psycopg_pool pool of WSGI_APP_POOL_MAX connections, made on first use."""
     global _pool
     with _pool_lock:
         if _pool is None:
@@ -86,6 +87,26 @@ def db():
                 os.environ["WSGI_APP_PG"], min_size=int(os.environ.get("WSGI_APP_POOL_MAX", "2")),
                 max_size=int(os.environ.get("WSGI_APP_POOL_MAX", "2")), name="wsgi-app", open=True,
             )  # fmt: skip
-    with _pool.connection() as conn:
+    return _pool
+
+
+@app.get("/db")
+def db():
+    """Check a connection out of the pool and hold it for `ms`."""
+    with _db_pool().connection() as conn:
         conn.execute("SELECT pg_sleep(%s)", (_ms(),))
     return "done"
+
+
+@app.get("/fanout")
+def fanout():
+    """`n` lookups of `ms` each, run in parallel on the process's thread pool, all on the small pool."""
+    pool = _db_pool()
+    seconds = _ms()
+
+    def lookup(i: int) -> int:
+        with pool.connection() as conn:
+            conn.execute("SELECT pg_sleep(%s)", (seconds,))
+        return i
+
+    return jsonify(done=len(list(_lookups.map(lookup, range(int(request.args.get("n", "4")))))))
