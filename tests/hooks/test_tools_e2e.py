@@ -48,8 +48,9 @@ class _Lookups(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def run_service(tmp_path, slow_shapes: list[str]) -> tuple[Capture, dict[str, Any]]:
-    """The tools app under latprof run; 1 request in 6 takes a slow shape (in turn); its report."""
+def run_service(tmp_path, slow_shapes: list[str], via: str = "httpx") -> tuple[Capture, dict[str, Any]]:
+    """The tools app under latprof run; 1 request in 6 takes a slow shape (in turn); its report.
+    `via=langchain`: the lookups are calls of a LangChain tool (the agent_tools hook)."""
     lookups = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Lookups)
     threading.Thread(target=lookups.serve_forever, daemon=True).start()
     try:
@@ -61,7 +62,7 @@ def run_service(tmp_path, slow_shapes: list[str]) -> tuple[Capture, dict[str, An
                     futures = []
                     for k in range(84):
                         shape = slow_shapes[(k // 6) % len(slow_shapes)] if k % 6 == 5 else "fast"
-                        futures.append(pool.submit(get, server.port, f"/ask?shape={shape}"))
+                        futures.append(pool.submit(get, server.port, f"/ask?shape={shape}&via={via}"))
                         time.sleep(0.09)
                     assert [f.result().status for f in futures] == [200] * len(futures)
                 server.stop()
@@ -82,8 +83,9 @@ def tool_segments(cap: Capture) -> list:
     return [s for r in cap.routes("GET /ask") for s in cap.segments(r, TOOL)]
 
 
-def test_three_independent_lookups_in_sequence_fire_sequential_tool_calls(tmp_path):
-    cap, report = run_service(tmp_path, ["sequential"])
+@pytest.mark.parametrize("via", ["httpx", "langchain"])
+def test_three_independent_lookups_in_sequence_fire_sequential_tool_calls(tmp_path, via):
+    cap, report = run_service(tmp_path, ["sequential"], via)
     verdict = report["verdict"]
     print(f"verdict {verdict}; latency {report['latency_ms']}")
     assert verdict["layer"] == "tool" and verdict["rule"] == "sequential-tool-calls", verdict
@@ -92,6 +94,23 @@ def test_three_independent_lookups_in_sequence_fire_sequential_tool_calls(tmp_pa
     assert 2 * LOOKUP_MS * 0.8 <= finding["evidence"]["tail_mean_parallel_saving_ms"] <= 2 * LOOKUP_MS * 1.6
     assert finding["evidence"]["longest_run_calls"] == 3
     assert not [s for s in tool_segments(cap) if TOOL_DEPENDS_ON in s.attrs]  # none sends another's answer
+    if via == "langchain":  # each lookup is the tool's segment, its HTTP call nested under it
+        calls = [s for s in tool_segments(cap) if s.name == "execute_tool lookup"]
+        http_calls = [s for s in tool_segments(cap) if s.name.startswith("HTTP GET")]
+        assert calls and len(calls) == len(http_calls)
+        assert {s.parent_id for s in http_calls} == {s.segment_id for s in calls}
+        assert {s.attrs["latprof.tool.framework"] for s in calls} == {"langchain"}
+
+
+def test_langchain_tools_gathered_or_dependent_do_not_fire(tmp_path):
+    cap, report = run_service(tmp_path, ["gathered", "dependent"], "langchain")
+    print(f"verdict {report['verdict']}; findings {[f['rule'] for f in report['findings']]}")
+    assert "sequential-tool-calls" not in [f["rule"] for f in report["findings"]]
+    calls = [s for s in tool_segments(cap) if s.name == "execute_tool lookup"]
+    by_id = {s.segment_id: s for s in calls}
+    depending = [s for s in calls if TOOL_DEPENDS_ON in s.attrs]
+    assert len(depending) >= 8  # two per dependent request, each naming the tool call that answered its id
+    assert all(by_id[s.attrs[TOOL_DEPENDS_ON]].end_ns <= s.start_ns for s in depending)
 
 
 def test_gathered_dependent_and_agent_loop_calls_do_not(tmp_path):

@@ -9,6 +9,9 @@ provider) with the openai client.
 - `GET /ask?shape=gathered`: the same three with `asyncio.gather`;
 - `GET /ask?shape=dependent`: each lookup sends the id the previous one answered;
 - `GET /ask?shape=agent`: LLM -> lookup -> LLM -> lookup -> LLM.
+
+With `via=langchain`, each lookup is a call of a LangChain tool (`lookup`) that makes the same
+HTTP call.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import httpx
 import openai
 from fastapi import FastAPI
+from langchain_core.tools import tool
 
 app = FastAPI()
 http = httpx.AsyncClient(base_url=os.environ.get("TOOLS_APP_BASE", "http://127.0.0.1:9"), limits=httpx.Limits(max_connections=50))
@@ -35,26 +39,37 @@ async def lookup(kind: str, of: str = "") -> str:
     return str(response.json()["id"])
 
 
+@tool("lookup")
+async def lookup_tool(kind: str, of: str = "") -> str:
+    """Look a customer, their tickets or their plan up."""
+    return await lookup(kind, of)
+
+
+async def lookup_via_tool(kind: str, of: str = "") -> str:
+    return str(await lookup_tool.ainvoke({"kind": kind, "of": of}))
+
+
 async def think() -> None:
     await llm.chat.completions.create(model="demo", messages=[{"role": "user", "content": "next?"}])
 
 
 @app.get("/ask")
-async def ask(shape: str = "fast") -> dict[str, object]:
+async def ask(shape: str = "fast", via: str = "httpx") -> dict[str, object]:
+    look = lookup_via_tool if via == "langchain" else lookup
     if shape == "sequential":
-        ids = [await lookup("customer"), await lookup("tickets"), await lookup("plan")]
+        ids = [await look("customer"), await look("tickets"), await look("plan")]
     elif shape == "gathered":
-        ids = list(await asyncio.gather(lookup("customer"), lookup("tickets"), lookup("plan")))
+        ids = list(await asyncio.gather(look("customer"), look("tickets"), look("plan")))
     elif shape == "dependent":
-        customer = await lookup("customer")
-        tickets = await lookup("tickets", of=customer)
-        ids = [customer, tickets, await lookup("plan", of=tickets)]
+        customer = await look("customer")
+        tickets = await look("tickets", of=customer)
+        ids = [customer, tickets, await look("plan", of=tickets)]
     elif shape == "agent":
         await think()
-        first = await lookup("customer")
+        first = await look("customer")
         await think()
-        ids = [first, await lookup("tickets")]
+        ids = [first, await look("tickets")]
         await think()
     else:
-        ids = [await lookup("customer")]
+        ids = [await look("customer")]
     return {"ids": ids}
