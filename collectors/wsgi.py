@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 from latprof.collectors import _inbound, runtime
@@ -61,10 +60,12 @@ _time_ns = time.time_ns
 _thread_time_ns = time.thread_time_ns
 _installed = False
 
-#: gthread: when each connection was last handed to the thread pool (wall-clock ns), by socket.
-#: Weak keys: an entry goes with its connection.
-_enqueued: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-_enqueued_lock = threading.Lock()
+#: gthread: when each connection was last handed to the thread pool (wall-clock ns), by the
+#: socket's file descriptor. An entry is overwritten each time a connection on that descriptor
+#: is handed over, before the request it carries is read, so a closed connection's entry is
+#: never read for a later one; at most one entry per descriptor. A plain dict: one store
+#: under the GIL, no lock, on every request whether it is recorded or not.
+_enqueued: dict[int, int] = {}
 
 
 def install() -> bool:
@@ -113,9 +114,8 @@ def _patch_gthread(module: Any) -> None:
     def enqueue_req(self: Any, conn: Any) -> Any:
         try:
             sock = getattr(conn, "sock", None)
-            if sock is not None and runtime.active():
-                with _enqueued_lock:
-                    _enqueued[sock] = _time_ns()
+            if sock is not None and runtime._writer is not None:
+                _enqueued[sock.fileno()] = _time_ns()
         except Exception as exc:
             runtime.count_error(HOOK, exc)
         return original(self, conn)
@@ -210,8 +210,7 @@ def _open(environ: Any, weight: int, threaded: bool) -> _Request | None:
     if called_ns - arrival >= MIN_QUEUE_NS:
         handed = None
         if threaded and sock is not None:
-            with _enqueued_lock:
-                handed = _enqueued.get(sock)
+            handed = _enqueued.get(sock.fileno())
         if handed is None or handed > called_ns:  # a sync worker: it accepted the connection when free
             _segment(state, BACKLOG_WAIT, arrival, called_ns, "backlog")
         elif handed <= arrival:  # in the thread pool's queue before its bytes arrived
