@@ -2,6 +2,7 @@
 
     python benchmarks/bench_overhead.py [--rounds 6] [--seconds 4] [--connections 16]
                                         [--http httptools] [--loop uvloop]
+                                        [--server uvicorn|gunicorn|aiohttp]
 
 Three copies of `overhead_app.py` (FastAPI, an endpoint without I/O) run side by side: one
 plain, and two with latprof's hooks loaded exactly as `latprof run` loads them (recording
@@ -13,6 +14,11 @@ that the machine's noise hits all alike. The servers are pinned to CPU 0 and the
 CPU 1 when the machine has two CPUs or more, so the service's CPU is the bottleneck:
 throughput is what the service can do, and the hooks' cost (their writer thread included)
 shows in it.
+
+`--server gunicorn` runs the same endpoint as a Flask app (`overhead_wsgi.py`) under one
+gunicorn gthread worker with 4 threads (keep-alive: the client's connections stay open), and
+`--server aiohttp` as an `aiohttp.web` app (`overhead_aiohttp.py`); the server's CPU is its
+processes' (gunicorn's master and worker).
 
 Per configuration, the median over its rounds of: requests per second, client-side p50 and
 p99, and the server's CPU time per request (all its threads). The hooked servers' captures
@@ -63,16 +69,27 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(name: str, env: dict[str, str], http: str, loop: str, cpu: int | None) -> Server:
-    port = free_port()
-    cmd = [
+def server_command(server: str, port: int, http: str, loop: str) -> list[str]:
+    if server == "gunicorn":
+        return [
+            sys.executable, "-m", "gunicorn", "overhead_wsgi:app", "--chdir", str(HERE), "-b", f"127.0.0.1:{port}",
+            "-k", "gthread", "--threads", "4", "-w", "1", "--log-level", "warning",
+        ]  # fmt: skip
+    if server == "aiohttp":
+        return [sys.executable, str(HERE / "overhead_aiohttp.py"), str(port)]
+    return [
         sys.executable, "-m", "uvicorn", "overhead_app:app", "--app-dir", str(HERE),
         "--host", "127.0.0.1", "--port", str(port), "--http", http, "--loop", loop,
         "--log-level", "warning", "--no-access-log",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    if cpu is not None:
-        os.sched_setaffinity(proc.pid, {cpu})
+
+
+def start_server(name: str, env: dict[str, str], http: str, loop: str, cpu: int | None, server: str = "uvicorn") -> Server:
+    port = free_port()
+    cmd = server_command(server, port, http, loop)
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None  # workers forked later inherit it
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.Popen(cmd, env=env, cwd=HERE, start_new_session=True, preexec_fn=pin)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -83,6 +100,22 @@ def start_server(name: str, env: dict[str, str], http: str, loop: str, cpu: int 
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"bench_overhead: the {name} server did not start (exit code {proc.poll()})")
         time.sleep(0.1)
+
+
+def cpu_s(server: Server) -> float:
+    """User + system CPU seconds of the server's processes (a gunicorn master and its workers)."""
+    total = 0.0
+    procs = [server.ps]
+    try:
+        procs += server.ps.children(recursive=True)
+    except psutil.Error:
+        pass
+    for proc in procs:
+        try:
+            total += sum(proc.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
 
 
 async def _connection(port: int, stop_at: float, latencies: list[float], k: int) -> None:
@@ -114,11 +147,11 @@ async def _load(port: int, seconds: float, connections: int) -> list[float]:
 
 def load(server: Server, seconds: float, connections: int, warmup_s: float) -> dict[str, float]:
     asyncio.run(_load(server.port, warmup_s, connections))
-    cpu0 = sum(server.ps.cpu_times()[:2])
+    cpu0 = cpu_s(server)
     t0 = time.perf_counter()
     latencies = asyncio.run(_load(server.port, seconds, connections))
     elapsed = time.perf_counter() - t0
-    cpu = sum(server.ps.cpu_times()[:2]) - cpu0
+    cpu = cpu_s(server) - cpu0
     latencies.sort()
     n = len(latencies)
     return {
@@ -159,6 +192,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--http", default="httptools", choices=["h11", "httptools"])
     parser.add_argument("--loop", default="uvloop", choices=["asyncio", "uvloop"])
+    parser.add_argument("--server", default="uvicorn", choices=["uvicorn", "gunicorn", "aiohttp"])
     parser.add_argument("--hooks", default="all", help="the hooks of the hooked servers, as for `latprof run --hooks`")
     parser.add_argument(
         "--max-rate", type=float, default=DEFAULT_MAX_RATE, help="`latprof run --max-rate` of the sampled server"
@@ -174,16 +208,16 @@ def main() -> None:
         all_capture = Path(tmp) / "all.jsonl"
         plain_env = {k: v for k, v in os.environ.items() if not k.startswith("LATPROF_")}
         servers = [
-            start_server("hooks off", plain_env, args.http, args.loop, server_cpu),
+            start_server("hooks off", plain_env, args.http, args.loop, server_cpu, args.server),
             start_server(
                 "hooks on",
                 hooked_environment(sampled_capture, args.hooks, environ=plain_env, max_rate=args.max_rate),
-                args.http, args.loop, server_cpu,
+                args.http, args.loop, server_cpu, args.server,
             ),
             start_server(
                 "every request",
                 hooked_environment(all_capture, args.hooks, environ=plain_env, max_rate=0),
-                args.http, args.loop, server_cpu,
+                args.http, args.loop, server_cpu, args.server,
             ),
         ]  # fmt: skip
         try:
@@ -201,7 +235,9 @@ def main() -> None:
     measured_all = sum(int(r["requests"]) for r in every.rounds)
 
     print(
-        f"python {sys.version.split()[0]}, uvicorn --http {args.http} --loop {args.loop}, {args.connections} connections,"
+        f"python {sys.version.split()[0]}, "
+        + (f"uvicorn --http {args.http} --loop {args.loop}" if args.server == "uvicorn" else args.server)
+        + f", {args.connections} connections,"
         f" {args.rounds} rounds x {args.seconds:g} s per configuration (pinned: {two_cpus})"
     )
     print(f"{'':<15}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU us/req':>12}")
