@@ -1,0 +1,250 @@
+"""What a sampled thread is doing, from its Python stack (and its kernel wait channel): a layer, or idle.
+
+`latprof attach` samples a running service from outside (py-spy). A sample is a thread's
+frames, innermost first, each a function name and a file (`short_filename`: relative to
+site-packages or the standard library), plus the thread's wait channel from
+`/proc/PID/task/TID/wchan` when it was read. `classify` turns one sample into a
+`Classification`: the layer that owns the moment, or that the thread was idle (a worker
+waiting for its next request: not a layer, reported as `collection.idle_share`).
+
+**Signatures** (`SIGNATURES`, a documented table; `extra` adds more) match a frame on its
+file's suffix and its function name — never line numbers. Python 3.11+ reports qualified
+names (`QueuePool._do_get`), 3.10 bare ones (`_do_get`); a signature's name is matched against
+the frame's name and its last dotted part, so one entry serves both. Scanning from the innermost
+frame outwards, the first frame a signature matches decides, with the spec's precedence rule:
+a *generic* wait (a `Condition.wait`, a `Queue.get`, a future's result) inside a *specific*
+frame further out (a pool's checkout) is absorbed by it, so the scan goes on past generic
+matches and takes the first specific one; only when none is found does the generic one decide.
+
+Blocking C calls leave no Python frame of their own (`time.sleep`, `lock.acquire()`, a
+psycopg2 execute, `socket.recv`): the innermost frame is their caller's. When no signature
+matches, the wait channel tells them apart: a futex wait (any lock) is `lock`, a timed sleep
+stays unattributed (`sleep`), a socket wait is unattributed (`socket`); a thread running Python
+(wait channel `0`, or py-spy's `active`) is `app`.
+
+An LLM call seen in a stack is `provider` with `split_unknown`: from stacks, the time to the
+first token and the decode cannot be told apart (report-v1, attach mode). An HTTP read counts
+as an LLM call only when an openai frame is on the stack (openai 2.x runs on httpcore, 3.x on
+httpcore2); any other HTTP read is `tool`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from latprof.layers import APP, DB_POOL, DB_QUERY, HTTP_POOL, LOCK, PROVIDER, RETRY, TOOL
+
+#: `Classification.state` of a thread waiting for work (not a layer).
+IDLE = "idle"
+#: `Classification.state` of a thread working on something (its `layer` says what, when known).
+BUSY = "busy"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame of a sample: its function's name (qualified on 3.11+) and its short file name."""
+
+    name: str
+    file: str
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """A frame that says what the thread is doing.
+
+    `file` is a path suffix (`sqlalchemy/pool/impl.py`), `name` a function name, qualified or
+    bare (matched on the last dotted part when the frame's name is bare, and vice versa).
+    `layer` None with `idle` True: the thread waits for work. `generic`: a wait that a specific
+    frame further out absorbs. `requires`: a file prefix that must be on the stack too (openai
+    for LLM reads).
+    """
+
+    id: str
+    file: str
+    name: str
+    layer: str | None
+    idle: bool = False
+    generic: bool = False
+    requires: str | None = None
+    note: str = ""
+
+    def matches(self, frame: Frame) -> bool:
+        file = frame.file
+        if not (file == self.file or file.endswith("/" + self.file)):
+            return False
+        if frame.name == self.name:
+            return True
+        return _tail(frame.name) == _tail(self.name) and ("." not in frame.name or "." not in self.name)
+
+
+def _tail(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """What one sample says: `state` busy or idle; `layer` when busy and known (None: unattributed)."""
+
+    state: str
+    layer: str | None
+    signature: str
+    split_unknown: bool = False
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _sig(id: str, file: str, name: str, layer: str | None, **kw: Any) -> Signature:
+    return Signature(id, file, name, layer, **kw)
+
+
+#: The built-in signatures, verified against the real libraries (../shared/reference/signals.md §1.1).
+SIGNATURES: tuple[Signature, ...] = (
+    # -- pools: waiting for a connection (db.pool) -----------------------------------------------
+    _sig("sqlalchemy.pool_wait", "sqlalchemy/pool/impl.py", "QueuePool._do_get", DB_POOL,
+         note="QueuePool checkout: Queue.get -> Condition.wait inside"),
+    _sig("psycopg_pool.wait", "psycopg_pool/pool.py", "WaitingClient.wait", DB_POOL),
+    _sig("psycopg_pool.getconn", "psycopg_pool/pool.py", "ConnectionPool.getconn", DB_POOL),
+    _sig("redis.pool_wait", "redis/connection.py", "BlockingConnectionPool.get_connection", DB_POOL),
+    # -- statements in flight (db.query) ----------------------------------------------------------
+    _sig("psycopg.wait", "psycopg/connection.py", "Connection.wait", DB_QUERY,
+         note="every psycopg 3 I/O waits here (execute, fetch, commit)"),
+    _sig("sqlalchemy.do_execute", "sqlalchemy/engine/default.py", "DefaultDialect.do_execute", DB_QUERY,
+         note="innermost under psycopg2, which has no Python frame of its own"),
+    _sig("sqlalchemy.do_executemany", "sqlalchemy/engine/default.py", "DefaultDialect.do_executemany", DB_QUERY),
+    _sig("sqlalchemy.do_execute_no_params", "sqlalchemy/engine/default.py", "DefaultDialect.do_execute_no_params", DB_QUERY),
+    _sig("redis.read", "redis/_parsers/socket.py", "SocketBuffer._read_from_socket", DB_QUERY),
+    _sig("redis.read_response", "redis/connection.py", "AbstractConnection.read_response", DB_QUERY),
+    # -- outbound HTTP: the pool, then the exchange (http.pool, provider, tool) -------------------
+    _sig("httpcore.pool_wait", "httpcore/_sync/connection_pool.py", "PoolRequest.wait_for_connection", HTTP_POOL),
+    _sig("httpcore2.pool_wait", "httpcore2/_sync/connection_pool.py", "PoolRequest.wait_for_connection", HTTP_POOL),
+    _sig("openai.retry_sleep", "openai/_base_client.py", "SyncAPIClient._sleep_for_retry", RETRY),
+    _sig("openai.stream", "openai/_streaming.py", "Stream.__iter__", PROVIDER, requires="openai/"),
+    _sig("openai.request", "openai/_base_client.py", "SyncAPIClient.request", PROVIDER, requires="openai/"),
+    _sig("httpcore.exchange", "httpcore/_sync/http11.py", "HTTP11Connection.handle_request", TOOL),
+    _sig("httpcore2.exchange", "httpcore2/_sync/http11.py", "HTTP11Connection.handle_request", TOOL),
+    _sig("httpcore.body", "httpcore/_sync/http11.py", "HTTP11Connection._receive_response_body", TOOL),
+    _sig("httpcore2.body", "httpcore2/_sync/http11.py", "HTTP11Connection._receive_response_body", TOOL),
+    # -- retry libraries' backoff (retry) ----------------------------------------------------------
+    _sig("tenacity.sleep", "tenacity/nap.py", "sleep", RETRY),
+    _sig("backoff.retry", "backoff/_sync.py", "retry_exception.<locals>.retry", RETRY,
+         note="no sleep frame: the wait channel is a timed sleep"),
+    _sig("backoff.retry_predicate", "backoff/_sync.py", "retry_predicate.<locals>.retry", RETRY),
+    # -- generic waits: absorbed by a specific frame further out ----------------------------------
+    _sig("threading.condition_wait", "threading.py", "Condition.wait", LOCK, generic=True),
+    _sig("threading.semaphore", "threading.py", "Semaphore.acquire", LOCK, generic=True),
+    _sig("queue.get", "queue.py", "Queue.get", LOCK, generic=True),
+    _sig("future.result", "concurrent/futures/_base.py", "Future.result", None, generic=True,
+         note="waiting for work handed to another thread: that thread's sample says what it does"),
+    _sig("future.wait", "concurrent/futures/_base.py", "wait", None, generic=True),
+    # -- workers waiting for the next request (idle, not a layer) ---------------------------------
+    _sig("gunicorn.sync_idle", "gunicorn/workers/sync.py", "SyncWorker.wait", None, idle=True),
+    _sig("gunicorn.gthread_idle", "gunicorn/workers/gthread.py", "ThreadWorker.wait_for_and_dispatch_events", None, idle=True),
+    _sig("gunicorn.master", "gunicorn/arbiter.py", "Arbiter.wait_for_signals", None, idle=True),
+    _sig("gunicorn.master_sleep", "gunicorn/arbiter.py", "Arbiter.sleep", None, idle=True),
+    _sig("gunicorn.control_socket", "gunicorn/ctl/server.py", "ControlSocketServer._run_loop", None, idle=True),
+    _sig("executor.idle", "concurrent/futures/thread.py", "_worker", None, idle=True,
+         note="innermost only: a busy worker has _WorkItem.run above it"),
+    _sig("anyio.worker_idle", "anyio/_backends/_asyncio.py", "WorkerThread.run", None, idle=True),
+    _sig("psycopg_pool.worker", "psycopg_pool/_acompat.py", "Queue.get", None, idle=True),
+    _sig("psycopg_pool.worker_loop", "psycopg_pool/pool.py", "ConnectionPool.worker", None, idle=True),
+    _sig("psycopg_pool.scheduler", "psycopg_pool/sched.py", "Scheduler.run", None, idle=True),
+    _sig("asyncio.select", "selectors.py", "EpollSelector.select", None, idle=True,
+         note="an event loop (or a selector-based server) waiting for events"),
+    _sig("latprof.writer", "latprof/capture/writer.py", "CaptureWriter._run", None, idle=True),
+)
+
+#: Signatures that only decide as the innermost frame (a worker loop's frame is under every task it runs).
+_INNERMOST_ONLY = frozenset({"executor.idle", "anyio.worker_idle", "asyncio.select"})
+
+#: Kernel wait channels (`/proc/PID/task/TID/wchan`) and what a thread without a matching frame
+#: waits for there.
+_WCHAN_LOCK = ("futex",)
+_WCHAN_SLEEP = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep")
+_WCHAN_SOCKET = ("poll_schedule_timeout", "wait_woken", "sk_wait_data", "do_select", "do_sys_poll", "ep_poll", "do_epoll_wait")
+
+
+def frames_from_pyspy(thread: Mapping[str, Any]) -> list[Frame]:
+    """The frames of one thread of `py-spy dump --json`, innermost first."""
+    frames = []
+    for f in thread.get("frames") or ():
+        name = f.get("name") or ""
+        file = f.get("short_filename") or f.get("filename") or ""
+        frames.append(Frame(str(name), str(file)))
+    return frames
+
+
+def _index(signatures: Iterable[Signature]) -> dict[str, list[Signature]]:
+    """Signatures by the last part of their function name (what a frame is looked up by)."""
+    index: dict[str, list[Signature]] = {}
+    for sig in signatures:
+        index.setdefault(_tail(sig.name), []).append(sig)
+    return index
+
+
+_BUILTIN_INDEX = _index(SIGNATURES)
+
+
+def classify(
+    frames: Sequence[Frame],
+    *,
+    wchan: str | None = None,
+    active: bool | None = None,
+    extra: Sequence[Signature] = (),
+) -> Classification:
+    """What the thread whose stack is `frames` (innermost first) is doing."""
+    index = _index((*extra, *SIGNATURES)) if extra else _BUILTIN_INDEX
+    generic: Signature | None = None
+    adjacent = False  # the frame just inside this one was a generic wait
+    for depth, frame in enumerate(frames):
+        matched = False
+        for sig in index.get(_tail(frame.name), ()):
+            if not sig.matches(frame):
+                continue
+            if sig.id in _INNERMOST_ONLY and depth > 0:
+                continue
+            if sig.requires is not None and not any(_under(f.file, sig.requires) for f in frames):
+                continue
+            if sig.generic:
+                # the outer of two generic waits right inside each other says more (a future's
+                # result around its Condition.wait); go on outwards: a specific frame absorbs it
+                if generic is None or adjacent:
+                    generic = sig
+                matched = True
+                break
+            return _decided(sig, frames)
+        adjacent = matched
+    if generic is not None:
+        return Classification(BUSY, generic.layer, generic.id)
+    return _by_wait_channel(wchan, active)
+
+
+def _under(file: str, package: str) -> bool:
+    """`file` (a short file name, or a full path) belongs to `package` (`openai/`)."""
+    return file.startswith(package) or ("/" + package) in file
+
+
+def _decided(sig: Signature, frames: Sequence[Frame]) -> Classification:
+    if sig.idle:
+        return Classification(IDLE, None, sig.id)
+    layer = sig.layer
+    if layer == TOOL and any(_under(f.file, "openai/") for f in frames):
+        layer = PROVIDER  # an HTTP exchange of an LLM call (the openai frames further out say so)
+    if layer == PROVIDER:
+        return Classification(BUSY, PROVIDER, sig.id, split_unknown=True)
+    return Classification(BUSY, layer, sig.id)
+
+
+def _by_wait_channel(wchan: str | None, active: bool | None) -> Classification:
+    """No signature matched: the thread runs its own code, or waits in a C call that left no frame."""
+    w = (wchan or "").strip()
+    if w == "0" or (w == "" and active is not False):
+        return Classification(BUSY, APP, "running")
+    if w == "":  # not running, and no wait channel to say what it waits for
+        return Classification(BUSY, None, "waiting")
+    if w.startswith(_WCHAN_LOCK):
+        return Classification(BUSY, LOCK, "wchan.futex", detail={"wchan": w})
+    if w.startswith(_WCHAN_SLEEP):
+        return Classification(BUSY, None, "wchan.sleep", detail={"wchan": w})
+    if w.startswith(_WCHAN_SOCKET):
+        return Classification(BUSY, None, "wchan.socket", detail={"wchan": w})
+    return Classification(BUSY, None, "wchan.other", detail={"wchan": w})

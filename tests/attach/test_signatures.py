@@ -1,0 +1,116 @@
+"""Each stack signature against the real library, in a real process put into that state, sampled by py-spy.
+
+`scenarios.py NAME` parks a thread of its own process in a state (a pool checkout waiting for
+the only connection, a statement in flight, an HTTP read, a retry sleep, a contended lock, ...)
+and says which thread; the test samples the process from outside exactly as `latprof attach`
+does (`py-spy dump`, the thread's wait channel) and checks what `latprof.stacks.classify` makes
+of it. All scenarios start at once (each takes up to a few seconds to get into its state).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hooks.apps import services  # tests/hooks/apps: the local services the tests use
+from latprof.collectors import pyspy
+from latprof.layers import APP, DB_POOL, DB_QUERY, HTTP_POOL, LOCK, PROVIDER, RETRY, TOOL
+from latprof.stacks import BUSY, IDLE, classify
+
+pytestmark = pytest.mark.slow  # real processes, sampled from outside
+
+SCENARIOS = Path(__file__).with_name("scenarios.py")
+
+#: scenario -> (state, layer, signature, split_unknown)
+EXPECTED = {
+    "sqlalchemy_pool_wait": (BUSY, DB_POOL, "sqlalchemy.pool_wait", False),
+    "psycopg_pool_wait": (BUSY, DB_POOL, "psycopg_pool.wait", False),
+    "redis_pool_wait": (BUSY, DB_POOL, "redis.pool_wait", False),
+    "redis_command": (BUSY, DB_QUERY, "redis.read", False),
+    "psycopg_query": (BUSY, DB_QUERY, "psycopg.wait", False),
+    "sqlalchemy_query": (BUSY, DB_QUERY, "psycopg.wait", False),
+    "httpx_pool_wait": (BUSY, HTTP_POOL, "httpcore.pool_wait", False),
+    "httpx_headers": (BUSY, TOOL, "httpcore.exchange", False),
+    "openai_first_token": (BUSY, PROVIDER, "httpcore2.exchange", True),
+    "openai_stream_stall": (BUSY, PROVIDER, "httpcore2.body", True),
+    "openai_retry_sleep": (BUSY, RETRY, "openai.retry_sleep", False),
+    "tenacity_sleep": (BUSY, RETRY, "tenacity.sleep", False),
+    "backoff_sleep": (BUSY, RETRY, "backoff.retry", False),
+    "lock_wait": (BUSY, LOCK, "wchan.futex", False),
+    "cpu": (BUSY, APP, "running", False),
+    "plain_sleep": (BUSY, None, "wchan.sleep", False),
+    "future_wait": (BUSY, None, "future.result", False),
+    "executor_idle": (IDLE, None, "executor.idle", False),
+}
+
+
+@pytest.fixture(scope="module")
+def parked():
+    """Every scenario's process, in its state: {name: (pid, target tid)}."""
+    if os.geteuid() != 0 and not os.path.exists("/proc/sys/kernel/yama/ptrace_scope"):
+        pytest.skip("sampling another process needs root or ptrace permission")
+    reason = services.pg_unreachable()
+    if reason is not None:
+        services.missing(reason, "PostgreSQL is")
+    procs = {
+        name: subprocess.Popen([sys.executable, str(SCENARIOS), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in EXPECTED
+    }
+    try:
+        ready = {}
+        for name, proc in procs.items():
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # the scenario gives up on its own if it cannot get there
+            if not line.startswith("READY "):
+                proc.kill()
+                pytest.fail(f"scenario {name} did not get into its state: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+            ready[name] = (proc.pid, int(line.split()[1]))
+        yield ready
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.communicate()  # reaps it and closes its pipes
+
+
+def test_the_scenarios_cover_every_state():
+    out = subprocess.run([sys.executable, str(SCENARIOS), "--list"], capture_output=True, text=True, check=True)
+    assert sorted(out.stdout.split()) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_signature(parked, name):
+    pid, tid = parked[name]
+    (thread,) = [t for t in pyspy.dump(pid) if t.tid == tid]
+    got = classify(thread.frames, wchan=thread.wchan, active=thread.active)
+    frames = " <- ".join(f"{f.name} ({f.file})" for f in thread.frames[:6])
+    assert (got.state, got.layer, got.signature, got.split_unknown) == EXPECTED[name], f"{frames}; wchan {thread.wchan}"
+
+
+def test_every_other_thread_of_a_parked_process_is_classified_without_error(parked):
+    pid, _ = parked["psycopg_pool_wait"]  # the pool's worker and scheduler threads are idle housekeeping
+    threads = pyspy.dump(pid)
+    by_name = {t.name: classify(t.frames, wchan=t.wchan, active=t.active) for t in threads}
+    housekeeping = [c for n, c in by_name.items() if n.startswith("pool-")]
+    assert housekeeping and all(c.state == IDLE for c in housekeeping), by_name
+
+
+def test_a_pid_that_is_gone_is_one_clear_error():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(pyspy.SamplerError, match=f"no process with PID {proc.pid}|PID {proc.pid} exited"):
+        pyspy.dump(proc.pid)
+
+
+def test_a_process_that_is_not_python_is_one_clear_error():
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(pyspy.SamplerError) as err:
+            pyspy.dump(proc.pid)
+        assert str(proc.pid) in str(err.value) and "\n" not in str(err.value)
+    finally:
+        proc.kill()
+        proc.wait()
