@@ -17,7 +17,8 @@ for reference: warm caches make it cheaper than in situ, the hook's cost is meas
 Operations: `sqlalchemy` (a QueuePool connection, `SELECT 1`, on PostgreSQL), `psycopg_pool`
 (`with pool.connection(): execute("SELECT 1")`), `asyncpg` (`async with pool.acquire():
 fetchval("SELECT 1")`), `redis` (`GET` on a BlockingConnectionPool), `httpx` (a GET to a
-server in its own process), `threads` (`submit` to an idle ThreadPoolExecutor and `result()`:
+server in its own process), `aiohttp_client` (`session.get` + `read()` to the same server),
+`sleeps` (a 1 ms `time.sleep`), `threads` (`submit` to an idle ThreadPoolExecutor and `result()`:
 no segment, the cost of carrying the request into the task), `agent_tools` (a LangChain tool
 `invoke`d with a tool call). The `locks` hook has its own benchmark (`bench_locks.py`).
 PostgreSQL at `$LATPROF_TEST_PG` (default the local server), Redis at 127.0.0.1:6379.
@@ -189,6 +190,50 @@ def op_httpx() -> tuple[Callable[..., None], Callable[[], None]]:
     return op, close
 
 
+def op_aiohttp_client() -> tuple[Callable[..., None], Callable[[], None]]:
+    """`session.get` + `read()` to the same server in its own process, `batch` per event loop run."""
+    import aiohttp
+
+    server = subprocess.Popen([sys.executable, "-c", _HTTP_SERVER], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    url = f"http://127.0.0.1:{int(server.stdout.readline())}/tool"
+    loop = asyncio.new_event_loop()
+    session = loop.run_until_complete(_session(aiohttp))
+    batch = 50
+
+    async def some(span: Span) -> None:
+        for _ in range(batch):
+            with span() if span else _NOTHING:
+                async with session.get(url) as response:
+                    await response.read()
+
+    def op(span: Span = None) -> None:
+        loop.run_until_complete(some(span))
+
+    def close() -> None:
+        loop.run_until_complete(session.close())
+        loop.close()
+        server.terminate()
+        server.wait(10)
+
+    op.batch = batch  # type: ignore[attr-defined]
+    return op, close
+
+
+async def _session(aiohttp: Any) -> Any:
+    return aiohttp.ClientSession()
+
+
+def op_sleeps() -> tuple[Callable[..., None], Callable[[], None]]:
+    """A 1 ms `time.sleep` (a sleep segment): CPU is the system call's and the hook's, not the wait."""
+
+    def op(span: Span = None) -> None:
+        with span() if span else _NOTHING:
+            time.sleep(0.001)
+
+    return op, lambda: None
+
+
 def op_threads() -> tuple[Callable[..., None], Callable[[], None]]:
     """A task handed to an idle ThreadPoolExecutor and waited for (no segment: the hook's cost is carrying the request)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -229,6 +274,8 @@ OPERATIONS: dict[str, Callable[[], tuple[Callable[..., None], Callable[[], None]
     "asyncpg": op_asyncpg,
     "redis": op_redis,
     "httpx": op_httpx,
+    "aiohttp_client": op_aiohttp_client,
+    "sleeps": op_sleeps,
     "threads": op_threads,
     "agent_tools": op_agent_tools,
 }
