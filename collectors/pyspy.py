@@ -20,6 +20,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from time import time_ns
 from typing import Any
 
 from latprof.stacks import Frame, frames_from_pyspy
@@ -107,3 +108,158 @@ def _explain(pid: int, stderr: str) -> str:
     if "python" in lower and ("not" in lower or "fail" in lower):
         return f"PID {pid} does not look like a Python process (py-spy: {text[:200]})"
     return f"py-spy failed on PID {pid}: {text[:300]}"
+
+
+# --- continuous sampling: successive short recordings ------------------------------------------
+#
+# `py-spy record` writes its output only when it ends, and its raw format (`-f raw -t`) carries
+# the kernel thread ids but no timestamps; `py-spy dump` costs a process start per snapshot
+# (about 15 ms here), too slow for 100 Hz. So the sampler runs successive recordings of
+# `WINDOW_S` each, per process (`--subprocesses` would prefix every line with the command line
+# of each process, which may hold newlines): each yields, per thread, how many samples each
+# stack got in that window. A recording takes about 0.2 s to attach before it samples, so the
+# next one is started that much before the previous ends (`lead_s`, learnt from the last one),
+# keeping the windows back to back. Idle threads are kept (`--idle`): without it every wait is
+# dropped. The target is never paused (`--nonblocking`).
+
+#: Length of one recording.
+WINDOW_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class StackCount:
+    """One thread's samples of one stack in a window."""
+
+    tid: int
+    thread: str
+    frames: tuple[Frame, ...]  # innermost first
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What one recording of one process saw: `counts` over [start_ns, end_ns) at `rate` Hz."""
+
+    pid: int
+    start_ns: int
+    end_ns: int
+    rate: int
+    counts: list[StackCount]
+
+
+def parse_raw(text: str) -> list[StackCount]:
+    """py-spy's `-f raw -t` output: `thread (TID)[: NAME];root frame;...;leaf frame COUNT` per line."""
+    counts = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        head, _, count = line.rpartition(" ")
+        if not head.startswith("thread (") or not count.isdigit():
+            continue
+        thread, _, stack = head.partition(";")
+        close = thread.find(")")
+        try:
+            tid = int(thread[len("thread ("):close])
+        except ValueError:
+            continue
+        name = thread[close + 1 :].lstrip(":").strip()
+        frames = []
+        for text_frame in reversed(stack.split(";")) if stack else ():
+            func, _, where = text_frame.rpartition(" (")
+            if not _:
+                func, where = text_frame, ""
+            frames.append(Frame(func, where.rstrip(")").rsplit(":", 1)[0]))
+        counts.append(StackCount(tid, name, tuple(frames), int(count)))
+    return counts
+
+
+def record_window(pid: int, *, seconds: float = WINDOW_S, rate: int = 100, out_dir: str | None = None) -> Window:
+    """One recording of `pid` for `seconds` (blocking); its per-thread stack counts."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="latprof-spy-", dir=out_dir) as tmp:
+        out = os.path.join(tmp, "raw.txt")
+        started = time_ns()
+        try:
+            proc = subprocess.run(
+                [py_spy(), "record", "--pid", str(pid), "--duration", f"{seconds:g}", "--rate", str(rate),
+                 "--format", "raw", "--threads", "--idle", "--nonblocking", "--output", out],
+                capture_output=True, text=True, timeout=seconds + DUMP_TIMEOUT_S,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise SamplerError(f"py-spy record of PID {pid} did not end within {seconds + DUMP_TIMEOUT_S:g} s") from None
+        ended = time_ns()
+        if proc.returncode != 0 and not os.path.exists(out):
+            raise SamplerError(_explain(pid, proc.stderr or proc.stdout))
+        try:
+            with open(out) as f:
+                counts = parse_raw(f.read())
+        except OSError:
+            counts = []
+    # the samples were taken over the last `seconds` of the call (attaching came first)
+    return Window(pid, max(started, ended - int(seconds * 1e9)), ended, rate, counts)
+
+
+class WaitChannels:
+    """Reads the wait channel of every thread of the watched processes `hz` times a second (a
+    thread of its own), and tells, per thread, which channels it was seen in over a time range.
+
+    Memory is bounded: per thread, the last `keep_s` seconds of readings."""
+
+    def __init__(self, hz: float = 100.0, keep_s: float = 10.0) -> None:
+        import collections
+        import threading
+
+        self.interval_s = 1.0 / hz
+        self._keep = max(1, int(hz * keep_s))
+        self._pids: set[int] = set()
+        self._readings: dict[tuple[int, int], collections.deque[tuple[int, str]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="latprof-wchan", daemon=True)
+        self._deque = collections.deque
+
+    def watch(self, pid: int) -> None:
+        with self._lock:
+            self._pids.add(pid)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                pids = list(self._pids)
+            now = time_ns()
+            for pid in pids:
+                try:
+                    tids = os.listdir(f"/proc/{pid}/task")
+                except OSError:
+                    continue
+                for tid_text in tids:
+                    tid = int(tid_text)
+                    value = wchan(pid, tid)
+                    if value is None:
+                        continue
+                    key = (pid, tid)
+                    readings = self._readings.get(key)
+                    if readings is None:
+                        readings = self._readings.setdefault(key, self._deque(maxlen=self._keep))
+                    readings.append((now, value))
+
+    def between(self, pid: int, start_ns: int, end_ns: int) -> dict[int, dict[str, int]]:
+        """{tid: {wait channel: readings}} of `pid`'s threads in [start_ns, end_ns)."""
+        found: dict[int, dict[str, int]] = {}
+        for (p, tid), readings in list(self._readings.items()):
+            if p != pid:
+                continue
+            counts: dict[str, int] = {}
+            for ts, value in list(readings):
+                if start_ns <= ts < end_ns:
+                    counts[value] = counts.get(value, 0) + 1
+            if counts:
+                found[tid] = counts
+        return found

@@ -30,7 +30,7 @@ httpcore2); any other HTTP read is `tool`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from latprof.layers import APP, DB_POOL, DB_QUERY, HTTP_POOL, LOCK, PROVIDER, RETRY, TOOL
@@ -90,7 +90,7 @@ class Classification:
     layer: str | None
     signature: str
     split_unknown: bool = False
-    detail: Mapping[str, Any] = field(default_factory=dict)
+    wchan: str | None = None  # the wait channel that decided, when one did
 
 
 def _sig(id: str, file: str, name: str, layer: str | None, **kw: Any) -> Signature:
@@ -192,6 +192,38 @@ def classify(
     extra: Sequence[Signature] = (),
 ) -> Classification:
     """What the thread whose stack is `frames` (innermost first) is doing."""
+    found = match(frames, extra=extra)
+    return found if found is not None else _by_wait_channel(wchan, active)
+
+
+def classify_count(
+    frames: Sequence[Frame], count: int, wchans: Mapping[str, int] | None, *, extra: Sequence[Signature] = ()
+) -> list[tuple[Classification, int]]:
+    """`count` samples of one stack, of a thread whose wait channels over the same time were
+    `wchans` (value -> times seen): a stack a signature explains is that; the samples of any
+    other stack are shared out over the wait channels in proportion (a frameless C call: a lock,
+    a sleep, a socket wait, or running)."""
+    found = match(frames, extra=extra)
+    if found is not None:
+        return [(found, count)]
+    total = sum(wchans.values()) if wchans else 0
+    if total <= 0:
+        return [(_by_wait_channel(None, None), count)]
+    shares: dict[Classification, int] = {}
+    left = count
+    ranked = sorted(wchans.items(), key=lambda kv: -kv[1]) if wchans else []
+    for i, (w, seen) in enumerate(ranked):
+        n = left if i == len(ranked) - 1 else round(count * seen / total)
+        n = min(n, left)
+        left -= n
+        if n:
+            c = _by_wait_channel(w, None)
+            shares[c] = shares.get(c, 0) + n
+    return list(shares.items())
+
+
+def match(frames: Sequence[Frame], *, extra: Sequence[Signature] = ()) -> Classification | None:
+    """What a signature says of `frames`, or None when none matches (the wait channel decides)."""
     index = _index((*extra, *SIGNATURES)) if extra else _BUILTIN_INDEX
     generic: Signature | None = None
     adjacent = False  # the frame just inside this one was a generic wait
@@ -215,7 +247,7 @@ def classify(
         adjacent = matched
     if generic is not None:
         return Classification(BUSY, generic.layer, generic.id)
-    return _by_wait_channel(wchan, active)
+    return None
 
 
 def _under(file: str, package: str) -> bool:
@@ -242,9 +274,9 @@ def _by_wait_channel(wchan: str | None, active: bool | None) -> Classification:
     if w == "":  # not running, and no wait channel to say what it waits for
         return Classification(BUSY, None, "waiting")
     if w.startswith(_WCHAN_LOCK):
-        return Classification(BUSY, LOCK, "wchan.futex", detail={"wchan": w})
+        return Classification(BUSY, LOCK, "wchan.futex", wchan=w)
     if w.startswith(_WCHAN_SLEEP):
-        return Classification(BUSY, None, "wchan.sleep", detail={"wchan": w})
+        return Classification(BUSY, None, "wchan.sleep", wchan=w)
     if w.startswith(_WCHAN_SOCKET):
-        return Classification(BUSY, None, "wchan.socket", detail={"wchan": w})
-    return Classification(BUSY, None, "wchan.other", detail={"wchan": w})
+        return Classification(BUSY, None, "wchan.socket", wchan=w)
+    return Classification(BUSY, None, "wchan.other", wchan=w)

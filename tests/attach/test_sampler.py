@@ -1,0 +1,77 @@
+"""Continuous sampling of a real process: one py-spy recording window, wait channels, what each thread did."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hooks.apps import services  # tests/hooks/apps: the local services the tests use
+from latprof.collectors import pyspy
+from latprof.layers import APP, DB_POOL, LOCK
+from latprof.stacks import Frame, classify_count
+
+pytestmark = pytest.mark.slow  # real processes, sampled from outside
+
+SCENARIOS = Path(__file__).with_name("scenarios.py")
+
+
+def park(name: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, str(SCENARIOS), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("READY "):
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"scenario {name} did not get into its state: {line!r} {err}")
+    return proc, int(line.split()[1])
+
+
+@pytest.mark.parametrize("scenario, layer", [("lock_wait", LOCK), ("sqlalchemy_pool_wait", DB_POOL), ("cpu", APP)])
+def test_a_window_of_a_parked_thread_is_all_its_layer(scenario, layer):
+    if scenario == "sqlalchemy_pool_wait":
+        services.require_pg()
+    proc, tid = park(scenario)
+    channels = pyspy.WaitChannels(hz=100)
+    channels.watch(proc.pid)
+    channels.start()
+    try:
+        window = pyspy.record_window(proc.pid, seconds=1.0, rate=100)
+    finally:
+        channels.stop()
+        proc.kill()
+        proc.communicate()
+    mine = [c for c in window.counts if c.tid == tid]
+    samples = sum(c.count for c in mine)
+    assert 60 <= samples <= 110, window.counts  # 100 Hz over a second, give or take the machine
+    assert all(c.thread == "target" for c in mine)
+    wchans = channels.between(proc.pid, window.start_ns, window.end_ns).get(tid)
+    assert wchans, "no wait channel readings of the target in the window"
+    by_layer: dict[object, int] = {}
+    for c in mine:
+        for classification, n in classify_count(c.frames, c.count, wchans):
+            by_layer[classification.layer] = by_layer.get(classification.layer, 0) + n
+    assert sum(by_layer.values()) == samples
+    assert by_layer.get(layer, 0) >= 0.9 * samples, by_layer
+    assert window.end_ns - window.start_ns == pytest.approx(1e9, rel=0.05)
+
+
+def test_raw_lines_with_and_without_a_thread_name():
+    text = (
+        "thread (4242): worker;Thread._bootstrap (threading.py:1002);QueuePool._do_get (sqlalchemy/pool/impl.py:177);"
+        "Condition.wait (threading.py:320) 7\n"
+        "thread (4241);<module> (app.py:4) 3\n"
+        "garbage line\n"
+    )
+    a, b = pyspy.parse_raw(text)
+    assert (a.tid, a.thread, a.count) == (4242, "worker", 7)
+    assert a.frames[0] == Frame("Condition.wait", "threading.py") and a.frames[-1] == Frame("Thread._bootstrap", "threading.py")
+    assert (b.tid, b.thread, b.count, b.frames) == (4241, "", 3, (Frame("<module>", "app.py"),))
+
+
+def test_samples_without_a_signature_are_shared_out_over_the_wait_channels():
+    frames = (Frame("handler", "app.py"),)
+    shares = dict((c.signature, n) for c, n in classify_count(frames, 10, {"futex_do_wait": 30, "0": 70}))
+    assert shares == {"running": 7, "wchan.futex": 3}
