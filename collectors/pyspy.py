@@ -122,8 +122,8 @@ def _explain(pid: int, stderr: str) -> str:
 # keeping the windows back to back. Idle threads are kept (`--idle`): without it every wait is
 # dropped. The target is never paused (`--nonblocking`).
 
-#: Length of one recording.
-WINDOW_S = 1.0
+#: Length of one recording, in whole seconds (py-spy's `--duration` takes no fraction).
+WINDOW_S = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +172,8 @@ def parse_raw(text: str) -> list[StackCount]:
     return counts
 
 
-def record_window(pid: int, *, seconds: float = WINDOW_S, rate: int = 100, out_dir: str | None = None) -> Window:
-    """One recording of `pid` for `seconds` (blocking); its per-thread stack counts."""
+def record_window(pid: int, *, seconds: int = WINDOW_S, rate: int = 100, out_dir: str | None = None) -> Window:
+    """One recording of `pid` for `seconds` (whole, blocking); its per-thread stack counts."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="latprof-spy-", dir=out_dir) as tmp:
@@ -181,7 +181,7 @@ def record_window(pid: int, *, seconds: float = WINDOW_S, rate: int = 100, out_d
         started = time_ns()
         try:
             proc = subprocess.run(
-                [py_spy(), "record", "--pid", str(pid), "--duration", f"{seconds:g}", "--rate", str(rate),
+                [py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(rate),
                  "--format", "raw", "--threads", "--idle", "--nonblocking", "--output", out],
                 capture_output=True, text=True, timeout=seconds + DUMP_TIMEOUT_S,
             )  # fmt: skip
@@ -263,3 +263,98 @@ class WaitChannels:
             if counts:
                 found[tid] = counts
         return found
+
+
+class Sampler:
+    """Samples a process and, unless `subprocesses` is off, its Python children (a gunicorn
+    master's workers, found again every window, so restarted workers are picked up), each in a
+    recording loop of its own: one `Window` after another, handed to `on_window` (from the
+    loops' threads: it must be thread-safe), each process's apart from the others'.
+
+    Windows of one process follow each other with the time py-spy needs to attach in between
+    (about 0.2 s of each 1.2 s here); a window's own start and end say what it covers. A
+    process that exits ends its loop (`exited`); an error of the sampler is kept in `errors`
+    (one line each) and ends that process's loop only.
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        on_window: Any,
+        *,
+        rate: int = 100,
+        window_s: int = WINDOW_S,
+        subprocesses: bool = True,
+    ) -> None:
+        import threading
+
+        self.pid = pid
+        self.on_window = on_window
+        self.rate = rate
+        self.window_s = window_s
+        self.subprocesses = subprocesses
+        self.stop_event = threading.Event()
+        self.exited: list[int] = []
+        self.errors: list[str] = []
+        self._loops: dict[int, threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    def processes(self) -> list[int]:
+        """The target and its Python children now."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            found = [root]
+            if self.subprocesses:
+                found += root.children(recursive=True)
+        except psutil.Error:
+            return []
+        pids = []
+        for proc in found:
+            try:
+                if proc.pid == self.pid or "python" in os.path.basename(proc.exe()).lower():
+                    pids.append(proc.pid)
+            except psutil.Error:
+                continue
+        return pids
+
+    def run(self, duration_s: float) -> None:
+        """Sample for `duration_s` (or until `stop_event` is set); returns when every loop ended."""
+        import threading
+
+        if not os.path.exists(f"/proc/{self.pid}"):
+            raise SamplerError(f"no process with PID {self.pid}")
+        deadline = time_ns() + int(duration_s * 1e9)
+        while not self.stop_event.is_set() and time_ns() < deadline:
+            for pid in self.processes():
+                with self._lock:
+                    if pid in self._loops:  # running, or ended (exited, failed): not started again
+                        continue
+                    loop = threading.Thread(target=self._loop, args=(pid, deadline), name=f"latprof-spy-{pid}", daemon=True)
+                    self._loops[pid] = loop
+                    loop.start()
+            if not os.path.exists(f"/proc/{self.pid}"):
+                break
+            self.stop_event.wait(min(self.window_s, max(0.0, (deadline - time_ns()) / 1e9)))
+        for loop in list(self._loops.values()):
+            loop.join(self.window_s + DUMP_TIMEOUT_S + 5)
+
+    def _loop(self, pid: int, deadline: int) -> None:
+        while not self.stop_event.is_set():
+            left_s = (deadline - time_ns()) / 1e9
+            if left_s < 1:  # no whole second left
+                return
+            try:
+                window = record_window(pid, seconds=min(self.window_s, int(left_s)), rate=self.rate)
+            except SamplerError as exc:
+                if not os.path.exists(f"/proc/{pid}"):
+                    self.exited.append(pid)
+                else:
+                    self.errors.append(str(exc))
+                return
+            if window.counts:
+                self.on_window(window)
+            if not os.path.exists(f"/proc/{pid}"):
+                self.exited.append(pid)
+                return

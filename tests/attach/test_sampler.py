@@ -38,7 +38,7 @@ def test_a_window_of_a_parked_thread_is_all_its_layer(scenario, layer):
     channels.watch(proc.pid)
     channels.start()
     try:
-        window = pyspy.record_window(proc.pid, seconds=1.0, rate=100)
+        window = pyspy.record_window(proc.pid, seconds=1, rate=100)
     finally:
         channels.stop()
         proc.kill()
@@ -75,3 +75,79 @@ def test_samples_without_a_signature_are_shared_out_over_the_wait_channels():
     frames = (Frame("handler", "app.py"),)
     shares = dict((c.signature, n) for c, n in classify_count(frames, 10, {"futex_do_wait": 30, "0": 70}))
     assert shares == {"running": 7, "wchan.futex": 3}
+
+
+def test_a_gunicorn_master_and_its_workers_are_sampled_apart():
+    """Attached to the master of 2 sync workers kept busy with CPU-bound requests: a window per
+    process per second, the workers' request threads running the app, the master idle."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    from latprof.stacks import BUSY, IDLE, classify
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    master = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "tests.hooks.apps.wsgi_app:app", "-b", f"127.0.0.1:{port}", "-w", "2",
+         "--no-control-socket", "--log-level", "warning"],
+        cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/cpu?ms=200", timeout=10).read()
+            except OSError:
+                time.sleep(0.05)
+
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and master.poll() is None, "gunicorn did not start"
+                time.sleep(0.1)
+        clients = [threading.Thread(target=client, daemon=True) for _ in range(2)]
+        for c in clients:
+            c.start()
+        windows: list[pyspy.Window] = []
+        lock = threading.Lock()
+
+        def keep(window: pyspy.Window) -> None:
+            with lock:
+                windows.append(window)
+
+        sampler = pyspy.Sampler(master.pid, keep, rate=100)
+        workers = [p for p in sampler.processes() if p != master.pid]
+        sampler.run(3.5)
+    finally:
+        stop.set()
+        master.terminate()
+        master.wait(20)
+    assert len(workers) == 2 and not sampler.errors
+    assert {w.pid for w in windows} == {master.pid, *workers}
+    for pid in workers:
+        mine = [w for w in windows if w.pid == pid]
+        assert len(mine) >= 2  # about one a second
+        states: dict[tuple[str, object], int] = {}
+        for w in mine:
+            for c in w.counts:
+                k = classify(c.frames, wchan="0")  # running: these threads compute
+                states[(k.state, k.layer)] = states.get((k.state, k.layer), 0) + c.count
+        assert states.get((BUSY, "app"), 0) > 0.5 * sum(states.values()), states
+    master_states = {classify(c.frames).state for w in windows if w.pid == master.pid for c in w.counts}
+    assert master_states == {IDLE}, master_states
+
+
+def test_sampling_a_pid_that_does_not_exist_is_one_clear_error():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(pyspy.SamplerError, match=f"no process with PID {proc.pid}"):
+        pyspy.Sampler(proc.pid, lambda w: None).run(1)
