@@ -122,8 +122,10 @@ class AcceptCounter:
         return new
 
 
-def remote_endpoints(pids: Iterable[int]) -> dict[tuple[str, int, str], int]:
-    """Connections of `pids` by (remote address, remote port, status), listening sockets left out."""
+def remote_endpoints(pids: Iterable[int], inbound_ports: Iterable[int] = ()) -> dict[tuple[str, int, str], int]:
+    """Outbound connections of `pids` by (remote address, remote port, status): listening
+    sockets and connections accepted on `inbound_ports` left out."""
+    inbound = set(inbound_ports)
     import psutil
 
     found: dict[tuple[str, int, str], int] = {}
@@ -133,7 +135,7 @@ def remote_endpoints(pids: Iterable[int]) -> dict[tuple[str, int, str], int]:
         except psutil.Error:
             continue
         for c in conns:
-            if not c.raddr:
+            if not c.raddr or (c.laddr and c.laddr.port in inbound):
                 continue
             key = (str(c.raddr.ip), int(c.raddr.port), str(c.status))
             found[key] = found.get(key, 0) + 1

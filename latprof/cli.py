@@ -218,6 +218,63 @@ def run(
 
 
 @main.command()
+@click.option("--pid", type=int, required=True, help="The service's process: a gunicorn master, a worker, any Python process.")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=30, show_default=True, metavar="S",
+              help="Seconds to sample (Ctrl-C ends early and still reports).")
+@click.option("--rate", type=click.IntRange(1, 1000), default=100, show_default=True, metavar="HZ", help="Samples per second per thread.")
+@click.option("--no-subprocesses", is_flag=True, help="Sample only PID, not its Python children (workers).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="The capture file (default latprof-attach-<time>.jsonl).")
+@_format_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
+def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, out: Path | None, fmt: str, output: Path | None) -> None:
+    """Diagnose a running service from outside: sample its threads' stacks (py-spy), wait
+    channels and accept queue for a while, then name the layer that saturates it.
+
+    Needs py-spy and permission to read the process (same user or root; in containers
+    --cap-add SYS_PTRACE). Workers of a gunicorn master are followed unless --no-subprocesses.
+    """
+    import signal
+
+    from latprof.attach_session import AttachSession, pyspy
+    from latprof.pipeline import run_diagnosis
+
+    capture = out or Path(time.strftime("latprof-attach-%Y%m%d-%H%M%S.jsonl"))
+    try:
+        session = AttachSession(pid, str(capture), duration_s=duration_s, rate=rate, subprocesses=not no_subprocesses,
+                                on_progress=_attach_progress(duration_s))  # fmt: skip
+    except OSError as exc:
+        raise InputError(f"{capture}: cannot write: {exc.strerror or exc}") from None
+    previous = signal.signal(signal.SIGINT, lambda *_: session.stop())
+    try:
+        stats = session.run()
+    except pyspy.SamplerError as exc:
+        raise CollectorError(str(exc)) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if sys.stderr.isatty():
+            click.echo("", err=True)
+    if stats.windows == 0:
+        raise CollectorError(f"no stack of PID {pid} was sampled" + (f": {stats.errors[0]}" if stats.errors else ""))
+    click.echo(f"latprof: capture written to {capture}" + (f" (PID {pid} exited during it)" if pid in stats.exited else ""), err=True)
+    diagnosis = run_diagnosis([capture])
+    _emit(lambda stream: renderers.get(fmt)(diagnosis.report, stream), output)
+
+
+def _attach_progress(duration_s: float) -> Any:
+    started = time.monotonic()
+
+    def progress(stats: Any) -> None:
+        if sys.stderr.isatty():
+            click.echo(
+                f"\rlatprof attach: {time.monotonic() - started:5.1f}/{duration_s:g} s, {stats.samples:,} samples,"
+                f" {len(stats.processes)} process(es)",
+                err=True, nl=False,
+            )  # fmt: skip
+
+    return progress
+
+
+@main.command()
 @click.option(
     "--scenario",
     default="pool-held-across-llm",

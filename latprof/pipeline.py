@@ -22,9 +22,12 @@ def default_rules() -> list[Rule]:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """A finished diagnosis with what it was made from: the analysis and the rules' findings."""
+    """A finished diagnosis with what it was made from: the analysis and the rules' findings.
 
-    analysis: Analysis
+    `analysis` is None for an attach capture (stack samples, no requests: `latprof.attach_analysis`).
+    """
+
+    analysis: Analysis | None
     findings: list[Finding]
     report: Report
 
@@ -38,6 +41,12 @@ def run_diagnosis(
     """Read the captures at `paths`, analyse them and run the rules."""
     with _gc_paused():
         timeline = build_timeline(read_captures(paths))
+        if timeline.source_kind == "attach" and not timeline.requests:
+            from latprof.attach_analysis import analyze_attach, attach_findings, build_attach_report
+
+            attach = analyze_attach(timeline)
+            attach_found = attach_findings(attach)
+            return Diagnosis(None, attach_found, build_attach_report(attach, attach_found))
         analysis = analyze(timeline, warmup_s=warmup_s)
         findings = run_rules(analysis, default_rules() if rules is None else rules)
         return Diagnosis(analysis, findings, build_report(analysis, findings))

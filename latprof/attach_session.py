@@ -1,0 +1,185 @@
+"""`latprof attach`: sample a running service from outside into a capture.
+
+Three collectors run side by side for `--duration` seconds, all into one capture file
+(`source: attach`), so `latprof analyze CAPTURE` later reads exactly what the live report read:
+
+- **stacks** (`collectors/pyspy.py`): back-to-back one-second py-spy recordings of the target
+  and (by default) each of its Python children, at `--rate` Hz; every (thread, stack) of a
+  window becomes one `stack` event weighted by its sample count, stamped with the window's
+  start. A stack no signature explains (a C call that left no frame) is split over the wait
+  channels its thread was seen in during that window, one event per channel.
+- **wait channels** of every thread, polled at the sampling rate (for the split above).
+- **/proc** (`collectors/procfs.py`), every `POLL_S`: the accept-queue depth of each listening
+  port (`accept.queue_depth`), and each second the connections accepted (`accept.rate`, per
+  second), every process's CPU (`process.cpu_percent`) and the established connections per
+  remote endpoint (`connections.established`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from latprof.capture.writer import CaptureWriter
+from latprof.events import Frame as EventFrame
+from latprof.events import Gauge, QualityRecord, StackSample
+from latprof.semconv import NOTE_WARNING
+from latprof.stacks import match
+
+# `latprof.collectors` is installed from collectors/ (a package-dir mapping mypy does not follow)
+pyspy: Any = importlib.import_module("latprof.collectors.pyspy")
+procfs: Any = importlib.import_module("latprof.collectors.procfs")
+
+#: How often /proc is read for the accept queue (its depth changes faster than once a second).
+POLL_S = 0.1
+
+GAUGE_ACCEPT_QUEUE = "accept.queue_depth"
+GAUGE_ACCEPT_RATE = "accept.rate"
+GAUGE_CPU = "process.cpu_percent"
+GAUGE_CONNECTIONS = "connections.established"
+
+
+@dataclass
+class AttachStats:
+    """What a session collected (for the progress line and the report's collection section)."""
+
+    windows: int = 0
+    samples: int = 0
+    processes: set[int] = field(default_factory=set)
+    exited: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class AttachSession:
+    """One attach: `run()` samples `pid` for `duration_s` into `out`, then closes the capture."""
+
+    def __init__(
+        self,
+        pid: int,
+        out: str,
+        *,
+        duration_s: float,
+        rate: int = 100,
+        subprocesses: bool = True,
+        on_progress: Callable[[AttachStats], None] | None = None,
+    ) -> None:
+        self.pid = pid
+        self.out = out
+        self.duration_s = duration_s
+        self.rate = rate
+        self.subprocesses = subprocesses
+        self.on_progress = on_progress
+        self.stats = AttachStats()
+        self._lock = threading.Lock()
+        self.writer = CaptureWriter(
+            out, source="attach", header_extra={"collectors": ["py-spy", "procfs"], "target_pid": pid, "rate_hz": rate}
+        )
+        self.channels = pyspy.WaitChannels(hz=min(rate, 100))
+        self.sampler = pyspy.Sampler(pid, self._window, rate=rate, subprocesses=subprocesses)
+
+    def stop(self) -> None:
+        """End early (Ctrl-C): what was sampled so far is kept."""
+        self.sampler.stop_event.set()
+
+    def run(self) -> AttachStats:
+        if not os.path.exists(f"/proc/{self.pid}"):
+            self.writer.close()
+            raise pyspy.SamplerError(f"no process with PID {self.pid}")
+        pyspy.dump(self.pid)  # fails early and clearly: not Python, not permitted, py-spy missing
+        for pid in self.sampler.processes():
+            self.channels.watch(pid)
+        self.channels.start()
+        poller = threading.Thread(target=self._poll_proc, name="latprof-procfs", daemon=True)
+        poller.start()
+        try:
+            self.sampler.run(self.duration_s)
+        finally:
+            self.sampler.stop_event.set()
+            poller.join(5)
+            self.channels.stop()
+            with self._lock:
+                self.stats.exited = list(self.sampler.exited)
+                self.stats.errors = list(self.sampler.errors)
+            now = time.time_ns()
+            for message in self.stats.errors:
+                self.writer.emit(QualityRecord(NOTE_WARNING, now, self.pid, message))
+            if self.pid in self.stats.exited:
+                self.writer.emit(QualityRecord(NOTE_WARNING, now, self.pid, f"PID {self.pid} exited during the capture"))
+            self.writer.close()
+        return self.stats
+
+    # -- stacks -------------------------------------------------------------------------------
+
+    def _window(self, window: Any) -> None:
+        self.channels.watch(window.pid)
+        wchans = self.channels.between(window.pid, window.start_ns, window.end_ns)
+        events = []
+        total = 0
+        for c in window.counts:
+            frames = tuple(EventFrame(f.name, f.file) for f in c.frames)
+            total += c.count
+            if match(c.frames) is not None or not wchans.get(c.tid):
+                events.append(StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, False, None, c.count))
+                continue
+            seen = wchans[c.tid]
+            left, ranked = c.count, sorted(seen.items(), key=lambda kv: -kv[1])
+            whole = sum(seen.values())
+            for i, (w, n) in enumerate(ranked):
+                share = left if i == len(ranked) - 1 else min(left, round(c.count * n / whole))
+                left -= share
+                if share:
+                    events.append(StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, share))
+        for e in events:
+            self.writer.emit(e)
+        with self._lock:
+            self.stats.windows += 1
+            self.stats.samples += total
+            self.stats.processes.add(window.pid)
+            stats = self.stats
+        if self.on_progress is not None:
+            self.on_progress(stats)
+
+    # -- /proc ----------------------------------------------------------------------------------
+
+    def _poll_proc(self) -> None:
+        import psutil  # type: ignore[import-untyped]
+
+        try:
+            pids = self.sampler.processes()
+            ports = procfs.listening_ports(self.pid, pids)
+            counter = procfs.AcceptCounter(self.pid, ports)
+            counter.poll()
+            procs: dict[int, Any] = {}
+            next_second = time.monotonic() + 1.0
+            accepted = 0
+            while not self.sampler.stop_event.wait(POLL_S):
+                now = time.time_ns()
+                for port, depth in procfs.accept_queues(self.pid, ports).items():
+                    self.writer.emit(Gauge(GAUGE_ACCEPT_QUEUE, depth, now, self.pid, {"server.port": port}))
+                accepted += counter.poll()
+                if time.monotonic() < next_second:
+                    continue
+                next_second += 1.0
+                for port in ports:
+                    self.writer.emit(Gauge(GAUGE_ACCEPT_RATE, accepted, now, self.pid, {"server.port": port}))
+                accepted = 0
+                pids = self.sampler.processes()
+                for pid in pids:
+                    proc = procs.get(pid)
+                    try:
+                        if proc is None:
+                            proc = procs[pid] = psutil.Process(pid)
+                            proc.cpu_percent(None)  # the first reading only starts the clock
+                            continue
+                        self.writer.emit(Gauge(GAUGE_CPU, proc.cpu_percent(None), now, pid))
+                    except psutil.Error:
+                        procs.pop(pid, None)
+                for (address, port, status), n in procfs.remote_endpoints(pids, ports).items():
+                    if status == "ESTABLISHED":
+                        self.writer.emit(Gauge(GAUGE_CONNECTIONS, n, now, self.pid, {"server.address": address, "server.port": port}))
+        except Exception as exc:  # the stacks go on without /proc; say so in the capture
+            self.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), self.pid, f"/proc polling stopped: {type(exc).__name__}: {exc}"))

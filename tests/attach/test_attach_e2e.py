@@ -1,0 +1,151 @@
+"""`latprof attach --pid` on real gunicorn services under load: the saturating layer, from outside.
+
+Each service is started by hand as a user would (no latprof in it), loaded by client threads,
+and sampled for a few seconds through the CLI; the live JSON report and `latprof analyze` of
+the capture it wrote must name the same layer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hooks.apps import services  # tests/hooks/apps: the local services the tests use
+
+pytestmark = pytest.mark.slow  # real servers, sampled from outside
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.hooks.apps.wsgi_app:app"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clients: int, *, pause_s: float = 0.0,
+                      env: dict[str, str] | None = None) -> tuple[dict, dict]:  # fmt: skip
+    """Start gunicorn, keep `clients` client threads requesting `path`, attach to the master for
+    4 s; (the live report, the report of `latprof analyze` on its capture)."""
+    port = free_port()
+    master = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", APP, "-b", f"127.0.0.1:{port}", *gunicorn_args, "--no-control-socket",
+         "--log-level", "warning"],
+        cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
+            except OSError:
+                time.sleep(0.05)
+            if pause_s:
+                time.sleep(pause_s)
+
+    capture = tmp_path / "attach.jsonl"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and master.poll() is None, "gunicorn did not start"
+                time.sleep(0.1)
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        live = subprocess.run(
+            [sys.executable, "-m", "latprof", "attach", "--pid", str(master.pid), "--duration", "4", "--format", "json",
+             "--out", str(capture)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        master.terminate()
+        master.wait(20)
+    assert live.returncode == 0, live.stderr
+    later = subprocess.run([sys.executable, "-m", "latprof", "analyze", "--format", "json", str(capture)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert later.returncode == 0, later.stderr
+    report, again = json.loads(live.stdout), json.loads(later.stdout)
+    print(report["verdict"], [(r["layer"], r["share_of_tail_excess"]) for r in report["layers"]], report["collection"])
+    assert report["source"]["kind"] == "attach" == again["source"]["kind"]
+    assert report["verdict"] == again["verdict"] and report["layers"] == again["layers"]
+    assert report["window"]["requests"] is None and report["latency_ms"] is None
+    return report, again
+
+
+def test_gthread_threads_waiting_for_a_small_psycopg_pool_give_db_pool(tmp_path):
+    services.require_pg()
+    report, _ = attach_under_load(
+        tmp_path, ["-k", "gthread", "--threads", "6", "-w", "1"], "/db?ms=80", 6,
+        env={"WSGI_APP_PG": services.PG_DSN, "WSGI_APP_POOL_MAX": "2"},
+    )  # fmt: skip
+    verdict = report["verdict"]
+    assert (verdict["layer"], verdict["rule"]) == ("db.pool", "db-pool-exhaustion"), verdict
+    (finding,) = [f for f in report["findings"] if f["rule"] == "db-pool-exhaustion"]
+    evidence = finding["evidence"]
+    assert evidence["share_of_busy_time"] >= 0.4 and evidence["signatures"] == {"psycopg_pool.wait": evidence["samples"]}
+    assert evidence["connections_established_peak"] == {"127.0.0.1:5432": 2}  # the pool's 2 connections, all open
+    assert report["collection"]["workers"] == 6 and report["collection"]["idle_share"] < 0.1
+
+
+def test_sync_workers_saturated_by_offered_load_give_queue_with_the_backlog(tmp_path):
+    report, _ = attach_under_load(tmp_path, ["-w", "2"], "/chat/1?ms=100", 8)
+    verdict = report["verdict"]
+    assert (verdict["layer"], verdict["rule"]) == ("queue", "request-queueing"), verdict
+    (finding,) = [f for f in report["findings"] if f["rule"] == "request-queueing"]
+    evidence = finding["evidence"]
+    # 8 clients, 2 workers: about 6 connections wait in the master's accept queue, ~3 requests of 100 ms each
+    assert 4 <= evidence["mean_accept_queue"] <= 7 and evidence["seconds_with_backlog_share"] >= 0.9
+    assert 150 <= evidence["mean_backlog_wait_ms"] <= 500
+
+
+def test_cpu_bound_handlers_give_app(tmp_path):
+    report, _ = attach_under_load(tmp_path, ["-w", "2"], "/cpu?ms=50", 2)
+    assert report["verdict"]["layer"] == "app", report["verdict"]
+    (finding,) = [f for f in report["findings"] if f["layer"] == "app"]
+    assert list(finding["evidence"]["hot_frames"])[0].startswith("cpu (")  # the handler that burns the CPU
+
+
+def test_a_global_lock_in_a_threaded_server_gives_lock(tmp_path):
+    report, _ = attach_under_load(tmp_path, ["-k", "gthread", "--threads", "6", "-w", "1"], "/locked?ms=50", 6)
+    verdict = report["verdict"]
+    assert (verdict["layer"], verdict["rule"]) == ("lock", "lock-contention"), verdict
+    (finding,) = [f for f in report["findings"] if f["rule"] == "lock-contention"]
+    assert list(finding["evidence"]["hot_frames"])[0].startswith("locked (")
+
+
+def test_a_healthy_service_gets_no_verdict(tmp_path):
+    report, _ = attach_under_load(tmp_path, ["-w", "2"], "/chat/1?ms=1", 1, pause_s=0.2)
+    assert report["verdict"]["layer"] is None and report["verdict"]["status"] == "no_tail"
+    assert report["collection"]["idle_share"] > 0.8
+
+
+@pytest.mark.parametrize("target", ["gone", "not python"])
+def test_a_pid_that_cannot_be_sampled_is_one_line_and_exit_2(tmp_path, target):
+    proc = subprocess.Popen([sys.executable, "-c", "pass"] if target == "gone" else ["sleep", "30"])
+    if target == "gone":
+        proc.wait()
+    try:
+        out = subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(proc.pid), "--duration", "1",
+                              "--out", str(tmp_path / "c.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and str(proc.pid) in out.stderr, out.stderr
