@@ -214,7 +214,14 @@ def _fix(rule_id: str) -> str:
     return ""
 
 
+def _per_second_ms(aa: AttachAnalysis, layer: str) -> float:
+    """The layer's time per second of the capture, in ms (busy worker threads in it, or waiting connections, x 1000)."""
+    value = aa.queue_s if layer == QUEUE else aa.busy_s.get(layer, 0.0)
+    return value / aa.seconds * 1000 if aa.seconds else 0.0
+
+
 def attach_findings(aa: AttachAnalysis) -> list[Finding]:
+    """Attach mode's findings: impact_ms is the layer's time per second of the capture."""
     findings = []
     for layer in (*_RULES, APP):
         share = aa.share(layer)
@@ -259,7 +266,7 @@ def attach_findings(aa: AttachAnalysis) -> list[Finding]:
         )
         findings.append(Finding(
             rule_id, layer, "critical" if share >= 0.5 else "warning", round(min(1.0, share * 2), 3),
-            round(share * 1000, 1), summary + ".", evidence, fix, fingerprint(rule_id, layer, "attach"),
+            round(_per_second_ms(aa, layer), 1), summary + ".", evidence, fix, fingerprint(rule_id, layer, "attach"),
         ))  # fmt: skip
     findings.sort(key=lambda f: -f.impact_ms)
     return findings
@@ -317,8 +324,7 @@ def build_attach_report(aa: AttachAnalysis, findings: list[Finding]) -> Report:
     pids = sorted({s.pid for s in timeline.samples})
     header = next((h for h in timeline.headers if h.get("source") == "attach"), {})
     layers = [
-        LayerRow(layer, None, None, None, round((aa.queue_s if layer == QUEUE else aa.busy_s.get(layer, 0.0)) / aa.seconds * 1000, 3)
-                 if aa.seconds else 0.0, round(aa.share(layer), 4))
+        LayerRow(layer, None, None, None, round(_per_second_ms(aa, layer), 3), round(aa.share(layer), 4))
         for layer in LAYERS if aa.share(layer) > 0
     ]  # fmt: skip
     layers.sort(key=lambda r: -r.share_of_tail_excess)

@@ -46,7 +46,7 @@ def print_report(report: Report, console: Console) -> None:
         console.print()
         console.print(Text("Findings", style="bold"))
         for finding in report.findings:
-            console.print(_finding(finding))
+            console.print(_finding(finding, report.source.get("kind") == "attach"))
     spark = _sparkline(report)
     if spark is not None:
         console.print()
@@ -95,7 +95,8 @@ def _verdict(report: Report) -> Table:
 def _layer_table(report: Report, width: int) -> Table:
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     table.add_column("layer", no_wrap=True, min_width=12)
-    for name in ("p50", "p99", "tail excess", "share"):
+    attach = report.source.get("kind") == "attach"  # time per second of the capture, over busy workers and the backlog
+    for name in ("p50", "p99", "per second" if attach else "tail excess", "share"):
         table.add_column(name, justify="right", no_wrap=True, min_width=max(7, len(name)))
     table.add_column("", no_wrap=True, min_width=_BAR_WIDTH)
     described = width >= _DESCRIBE_FROM_WIDTH
@@ -123,14 +124,14 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else fmt_ms(value)
 
 
-def _finding(finding: Finding) -> Group:
+def _finding(finding: Finding, per_second: bool = False) -> Group:
     head = Text()
     head.append(f"● {finding.severity:<8}", style=_SEVERITY_STYLE.get(finding.severity, ""))
     head.append(f" {finding.rule}", style="bold")
     if finding.layer:
         head.append(f"  {finding.layer}")
     if finding.impact_ms > 0:
-        head.append(f"  impact {fmt_ms(finding.impact_ms)}")
+        head.append(f"  impact {fmt_ms(finding.impact_ms)}" + ("/s" if per_second else ""))
     head.append(f"  confidence {finding.confidence:.2f}", style="dim")
     evidence = Text("evidence: ", style="dim")
     evidence.append(" · ".join(f"{k} {_value(v)}" for k, v in finding.evidence.items()), style="dim")
