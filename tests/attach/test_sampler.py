@@ -125,7 +125,9 @@ def test_a_gunicorn_master_and_its_workers_are_sampled_apart():
                 windows.append(window)
 
         sampler = pyspy.Sampler(master.pid, keep, rate=100)
-        workers = [p for p in sampler.processes() if p != master.pid]
+        while len(workers := [p for p in sampler.processes() if p != master.pid]) < 2:  # /health needed only one
+            assert time.monotonic() < deadline, "gunicorn did not start its second worker"
+            time.sleep(0.1)
         sampler.run(3.5)
     finally:
         stop.set()
@@ -142,8 +144,13 @@ def test_a_gunicorn_master_and_its_workers_are_sampled_apart():
                 k = classify(c.frames, wchan="0")  # running: these threads compute
                 states[(k.state, k.layer)] = states.get((k.state, k.layer), 0) + c.count
         assert states.get((BUSY, "app"), 0) > 0.5 * sum(states.values()), states
-    master_states = {classify(c.frames).state for w in windows if w.pid == master.pid for c in w.counts}
-    assert master_states == {IDLE}, master_states
+    master_states: dict[str, int] = {}
+    for w in windows:
+        for c in w.counts if w.pid == master.pid else ():
+            state = classify(c.frames).state
+            master_states[state] = master_states.get(state, 0) + c.count
+    # the master waits for signals, waking about once a second to look after its workers
+    assert master_states.get(IDLE, 0) >= 0.9 * sum(master_states.values()), master_states
 
 
 def test_sampling_a_pid_that_does_not_exist_is_one_clear_error():
