@@ -1,0 +1,110 @@
+"""What `latprof attach` costs a saturated service, and how soon it reports, side by side in one run.
+
+    python benchmarks/bench_attach.py [--rounds 6] [--seconds 5] [--rate 100] [--connections 16]
+
+One gunicorn service (`overhead_wsgi.py`: Flask, one gthread worker with 4 threads, pinned to
+CPU 0) is saturated by a closed-loop client (`bench_overhead.py`'s, on CPU 1) round after
+round, alternately alone and while `latprof attach --pid MASTER --rate R` samples it (master
+and worker, the default; the sampler is not pinned: it runs where the scheduler puts it). Per configuration, the median over its rounds of requests per
+second and client-side p50; for the attached rounds also the CPU the sampler used (latprof
+and its py-spy processes, all children counted) as a share of one core, and how long after
+the end of `--duration` the report was printed (target <= 2 s). Targets: throughput and p50
+within 2%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_overhead as bo  # noqa: E402  (the same server start and closed-loop client)
+
+
+def tree_cpu_s(proc: psutil.Process) -> float:
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def unpinned() -> None:
+    """The sampler runs where the scheduler puts it (as beside a real service), not on the client's CPU only."""
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--rate", type=int, default=100)
+    parser.add_argument("--connections", type=int, default=16)
+    args = parser.parse_args()
+
+    two_cpus = len(os.sched_getaffinity(0)) >= 2
+    server_cpu, client_cpu = (0, 1) if two_cpus else (None, None)
+    if client_cpu is not None:
+        os.sched_setaffinity(0, {client_cpu})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LATPROF_")}
+    server = bo.start_server("service", env, "", "", server_cpu, "gunicorn")
+    plain: list[dict[str, float]] = []
+    attached: list[dict[str, float]] = []
+    sampler_cpu: list[float] = []
+    report_delay: list[float] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="latprof-bench-") as tmp:
+            for r in range(args.rounds):
+                for with_attach in ((False, True) if r % 2 == 0 else (True, False)):
+                    if not with_attach:
+                        plain.append(bo.load(server, args.seconds, args.connections, args.warmup))
+                        continue
+                    duration = int(args.seconds + args.warmup + 2)
+                    started = time.monotonic()
+                    attach = subprocess.Popen(
+                        [sys.executable, "-m", "latprof", "attach", "--pid", str(server.proc.pid), "--duration", str(duration),
+                         "--rate", str(args.rate), "--format", "json", "--out", str(Path(tmp) / f"attach-{r}.jsonl")],
+                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=unpinned,
+                    )  # fmt: skip
+                    watcher = psutil.Process(attach.pid)
+                    time.sleep(1.0)  # attached and sampling
+                    cpu0, t0 = tree_cpu_s(watcher), time.monotonic()
+                    attached.append(bo.load(server, args.seconds, args.connections, args.warmup))
+                    cpu1, t1 = tree_cpu_s(watcher), time.monotonic()
+                    sampler_cpu.append((cpu1 - cpu0) / (t1 - t0) * 100)
+                    attach.communicate(timeout=duration + 60)
+                    report_delay.append(time.monotonic() - (started + duration))
+                    if attach.returncode != 0:
+                        raise SystemExit(f"bench_attach: latprof attach failed (exit {attach.returncode})")
+    finally:
+        bo.stop(server)
+    a = {k: statistics.median(x[k] for x in plain) for k in ("rps", "p50_ms")}
+    b = {k: statistics.median(x[k] for x in attached) for k in ("rps", "p50_ms")}
+    print(f"python {sys.version.split()[0]}, gunicorn gthread, {args.connections} connections, {args.rounds} rounds x"
+          f" {args.seconds:g} s per configuration, attach at {args.rate} Hz (pinned: {two_cpus})")
+    print(f"alone:    {a['rps']:.0f} req/s, p50 {a['p50_ms']:.2f} ms")
+    print(f"attached: {b['rps']:.0f} req/s, p50 {b['p50_ms']:.2f} ms")
+    print(f"change: throughput {b['rps'] / a['rps'] - 1:+.1%}, p50 {b['p50_ms'] / a['p50_ms'] - 1:+.1%} (target within 2%)")
+    pairs = ", ".join(f"{x['rps'] / y['rps'] - 1:+.1%}" for x, y in zip(attached, plain))
+    print(f"  per round pair: {pairs}")
+    print(f"sampler CPU: {statistics.median(sampler_cpu):.1f}% of one core (latprof and py-spy, median)")
+    print(f"report printed {statistics.median(report_delay):.2f} s after the end of --duration (median; max"
+          f" {max(report_delay):.2f} s; target <= 2 s)")
+
+
+if __name__ == "__main__":
+    main()
