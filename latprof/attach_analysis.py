@@ -46,18 +46,22 @@ MIN_VERDICT_SHARE = 0.2
 #: Layers a saturated service is not blamed on (doing the work it exists for).
 NOT_BLAMED = frozenset({PROVIDER, MODEL, TOOL})
 
-#: Frames of a thread that serves a request (file suffix, function).
+#: Frames of a thread that serves a request (file suffix, function): the server's workers.
 SERVING_FRAMES = (
     ("gunicorn/workers/sync.py", "handle_request"),
     ("gunicorn/workers/gthread.py", "handle_request"),
-    ("concurrent/futures/thread.py", "run"),  # _WorkItem.run
-    ("anyio/_backends/_asyncio.py", "run"),  # WorkerThread.run
+    ("anyio/_backends/_asyncio.py", "run"),  # WorkerThread.run: FastAPI/Starlette sync endpoints
     ("uvicorn/protocols/http/h11_impl.py", "run_asgi"),
     ("uvicorn/protocols/http/httptools_impl.py", "run_asgi"),
     ("waitress/channel.py", "service"),
 )
-#: Idle signatures of request workers (other idle threads are housekeeping).
+#: A frame of a thread pool's task: a helper thread, when not also a server's worker.
+TASK_FRAME = ("concurrent/futures/thread.py", "run")  # _WorkItem.run
+#: Idle signatures of request workers (other idle threads are housekeeping); a thread pool's idle
+#: thread counts only when the pool serves requests (gthread).
 WORKER_IDLE = frozenset({"gunicorn.sync_idle", "executor.idle", "anyio.worker_idle"})
+#: A worker waiting for work it handed to other threads: its time is theirs (they are sampled too).
+HANDOFF = frozenset({"future.result", "future.wait"})
 
 #: The rule whose id and fix a finding of each layer carries.
 _RULES = {
@@ -100,12 +104,17 @@ class AttachAnalysis:
         return self.idle_s / seen if seen > 0 else None
 
 
-def _serving(frames: Iterable[Any]) -> bool:
+def _has(frames: Iterable[Any], wanted: Iterable[tuple[str, str]]) -> bool:
+    wanted = tuple(wanted)
     for f in frames:
-        for suffix, name in SERVING_FRAMES:
+        for suffix, name in wanted:
             if (f.filename == suffix or f.filename.endswith("/" + suffix)) and f.function.rsplit(".", 1)[-1] == name:
                 return True
     return False
+
+
+def _serving(frames: Iterable[Any]) -> bool:
+    return _has(frames, SERVING_FRAMES)
 
 
 def _classified(sample: StackSample) -> Classification:
@@ -147,30 +156,37 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
     by_thread: dict[tuple[int, int], list[tuple[StackSample, Classification]]] = {}
     for s in samples:
         by_thread.setdefault((s.pid, s.tid), []).append((s, _classified(s)))
+    # The server's workers: seen serving a request, or idle the way a server's worker waits.
     workers = {
         key for key, seen in by_thread.items()
-        if any(c.signature in WORKER_IDLE or (c.state == BUSY and _serving(s.frames)) for s, c in seen)
+        if any((c.state == BUSY and _serving(s.frames)) or c.signature in ("gunicorn.sync_idle", "anyio.worker_idle")
+               for s, c in seen)
     }  # fmt: skip
-    if not workers:
-        workers = {key for key, seen in by_thread.items() if any(c.state == BUSY for _, c in seen)}
+    # Helpers: threads of a pool the workers hand tasks to (a fan-out); their busy time counts,
+    # their idle time does not.
+    helpers = {
+        key for key, seen in by_thread.items()
+        if key not in workers and any(c.state == BUSY and _has(s.frames, (TASK_FRAME,)) for s, c in seen)
+    }  # fmt: skip
+    if not workers:  # an unknown server: every thread that worked
+        workers = {key for key, seen in by_thread.items() if any(c.state == BUSY for _, c in seen)} - helpers
     busy: Counter[str] = Counter()
     idle = 0
     signatures: dict[str, Counter[str]] = {}
     hot: dict[str, Counter[str]] = {}
-    per_second_busy: dict[int, set[tuple[int, int]]] = {}
-    per_second_idle: dict[int, set[tuple[int, int]]] = {}
-    for key in workers:
+    for key in workers | helpers:
+        helper = key in helpers
         for s, c in by_thread[key]:
-            second = s.ts_ns // 1_000_000_000
             if c.state == IDLE:
-                idle += s.weight
-                per_second_idle.setdefault(second, set()).add(key)
+                if not helper and c.signature in WORKER_IDLE:
+                    idle += s.weight
+                continue
+            if c.signature in HANDOFF:  # waiting for a task another sampled thread runs
                 continue
             layer = c.layer or UNATTRIBUTED
             busy[layer] += s.weight
             signatures.setdefault(layer, Counter())[c.signature] += s.weight
             hot.setdefault(layer, Counter())[_app_frame(s)] += s.weight
-            per_second_busy.setdefault(second, set()).add(key)
     starts = [s.ts_ns for s in samples]
     seconds = max(1.0, (max(starts) - min(starts)) / 1e9 + 1.0) if starts else 0.0
 

@@ -153,7 +153,8 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig("latprof.writer", "latprof/capture/writer.py", "CaptureWriter._run", None, idle=True),
 )
 
-#: Signatures that only decide as the innermost frame (a worker loop's frame is under every task it runs).
+#: Signatures that decide only as the innermost frame, or with nothing but generic waits inside
+#: (a worker loop's frame is under every task it runs; idle, it waits on its queue).
 _INNERMOST_ONLY = frozenset({"executor.idle", "anyio.worker_idle", "asyncio.select"})
 
 #: Kernel wait channels (`/proc/PID/task/TID/wchan`) and what a thread without a matching frame
@@ -227,12 +228,13 @@ def match(frames: Sequence[Frame], *, extra: Sequence[Signature] = ()) -> Classi
     index = _index((*extra, *SIGNATURES)) if extra else _BUILTIN_INDEX
     generic: Signature | None = None
     adjacent = False  # the frame just inside this one was a generic wait
+    only_waits = True  # every frame inside this one was a generic wait (a worker loop waiting on its queue)
     for depth, frame in enumerate(frames):
         matched = False
         for sig in index.get(_tail(frame.name), ()):
             if not sig.matches(frame):
                 continue
-            if sig.id in _INNERMOST_ONLY and depth > 0:
+            if sig.id in _INNERMOST_ONLY and not only_waits:
                 continue
             if sig.requires is not None and not any(_under(f.file, sig.requires) for f in frames):
                 continue
@@ -245,6 +247,7 @@ def match(frames: Sequence[Frame], *, extra: Sequence[Signature] = ()) -> Classi
                 break
             return _decided(sig, frames)
         adjacent = matched
+        only_waits = only_waits and matched
     if generic is not None:
         return Classification(BUSY, generic.layer, generic.id)
     return None

@@ -34,14 +34,16 @@ def free_port() -> int:
 
 
 def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clients: int, *, pause_s: float = 0.0,
-                      env: dict[str, str] | None = None) -> tuple[dict, dict]:  # fmt: skip
-    """Start gunicorn, keep `clients` client threads requesting `path`, attach to the master for
-    4 s; (the live report, the report of `latprof analyze` on its capture)."""
+                      env: dict[str, str] | None = None, server: list[str] | None = None) -> tuple[dict, dict]:  # fmt: skip
+    """Start gunicorn (or `server`, with `{port}` in it), keep `clients` client threads requesting
+    `path`, attach to its first process for 4 s; (the live report, `latprof analyze` of its capture)."""
     port = free_port()
+    command = [a.format(port=port) for a in server] if server else [
+        sys.executable, "-m", "gunicorn", APP, "-b", f"127.0.0.1:{port}", *gunicorn_args, "--no-control-socket",
+        "--log-level", "warning",
+    ]  # fmt: skip
     master = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", APP, "-b", f"127.0.0.1:{port}", *gunicorn_args, "--no-control-socket",
-         "--log-level", "warning"],
-        cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     stop = threading.Event()
 
@@ -102,6 +104,29 @@ def test_gthread_threads_waiting_for_a_small_psycopg_pool_give_db_pool(tmp_path)
     assert evidence["share_of_busy_time"] >= 0.4 and evidence["signatures"] == {"psycopg_pool.wait": evidence["samples"]}
     assert evidence["connections_established_peak"] == {"127.0.0.1:5432": 2}  # the pool's 2 connections, all open
     assert report["collection"]["workers"] == 6 and report["collection"]["idle_share"] < 0.1
+
+
+def test_sync_workers_fanning_out_to_a_small_pool_give_db_pool(tmp_path):
+    """2 sync workers; each request runs 8 lookups on a thread pool against a psycopg_pool of 2."""
+    services.require_pg()
+    report, _ = attach_under_load(
+        tmp_path, ["-w", "2"], "/fanout?n=8&ms=30", 2, env={"WSGI_APP_PG": services.PG_DSN, "WSGI_APP_POOL_MAX": "2"},
+    )  # fmt: skip
+    assert (report["verdict"]["layer"], report["verdict"]["rule"]) == ("db.pool", "db-pool-exhaustion"), report["verdict"]
+
+
+def test_fastapi_sync_endpoints_on_a_small_sqlalchemy_pool_give_db_pool(tmp_path):
+    """uvicorn, sync endpoints in anyio's worker threads, a QueuePool of 2, 8 clients."""
+    services.require_pg()
+    report, _ = attach_under_load(
+        tmp_path, [], "/db?ms=80", 8, env={"APP_PG": services.PG_DSN.replace("postgresql://", "postgresql+psycopg://")},
+        server=[sys.executable, "-m", "uvicorn", "tests.attach.apps.sync_pool_app:app", "--port", "{port}",
+                "--log-level", "warning"],
+    )  # fmt: skip
+    verdict = report["verdict"]
+    assert (verdict["layer"], verdict["rule"]) == ("db.pool", "db-pool-exhaustion"), verdict
+    (finding,) = [f for f in report["findings"] if f["rule"] == "db-pool-exhaustion"]
+    assert finding["evidence"]["signatures"] == {"sqlalchemy.pool_wait": finding["evidence"]["samples"]}
 
 
 def test_sync_workers_saturated_by_offered_load_give_queue_with_the_backlog(tmp_path):

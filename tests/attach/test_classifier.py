@@ -88,6 +88,13 @@ def test_workers_waiting_for_work_are_idle(frames):
     assert (c.state, c.layer) == (IDLE, None)
 
 
+def test_a_worker_loop_waiting_on_its_queue_is_idle_but_one_running_a_task_is_not():
+    waiting = stack("Condition.wait threading.py", "Queue.get queue.py", "WorkerThread.run anyio/_backends/_asyncio.py")
+    assert classify(waiting).state == IDLE
+    working = stack("Condition.wait threading.py", "Queue.get queue.py", "handler app.py", "WorkerThread.run anyio/_backends/_asyncio.py")
+    assert (classify(working).state, classify(working).layer) == (BUSY, LOCK)
+
+
 def test_a_busy_executor_worker_is_not_idle_though_its_worker_loop_is_on_the_stack():
     busy = stack("handler app.py", "_WorkItem.run concurrent/futures/thread.py", "_worker concurrent/futures/thread.py")
     assert classify(busy, wchan="0").state == BUSY and classify(busy, wchan="0").layer == APP

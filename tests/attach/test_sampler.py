@@ -55,7 +55,7 @@ def test_a_window_of_a_parked_thread_is_all_its_layer(scenario, layer):
             by_layer[classification.layer] = by_layer.get(classification.layer, 0) + n
     assert sum(by_layer.values()) == samples
     assert by_layer.get(layer, 0) >= 0.9 * samples, by_layer
-    assert window.end_ns - window.start_ns == pytest.approx(1e9, rel=0.05)
+    assert 0.5e9 <= window.end_ns - window.start_ns <= 1.05e9  # the recording, without py-spy attaching first
 
 
 def test_raw_lines_with_and_without_a_thread_name():
