@@ -1,4 +1,4 @@
-"""Test sessions per supported line of the libraries the hooks patch (run by .ci/run).
+"""Test sessions per supported line of the libraries the hooks patch and the stack signatures match (run by .ci/run).
 
 The README's test command covers the newest releases (openai 3.x on httpx2, SQLAlchemy
 2.1, psycopg_pool 3.3, asyncpg 0.32, redis-py 8); `nox -s hooks_legacy` runs the hook tests
@@ -24,7 +24,7 @@ def hooks_legacy(session: nox.Session) -> None:
         " '- redis', redis.__version__)",
     )
     session.run(
-        "python", "-m", "pytest", "tests/hooks",
+        "python", "-m", "pytest", "tests/hooks", "tests/attach/test_signatures.py",  # stack signatures per library line
         # the OpenAI Agents SDK runs on openai 3.x only: its test is the README command's
         "--deselect", "tests/hooks/test_agent_tools_hook.py::test_agents_sdk_function_tools_run_in_parallel_with_their_call_ids",
         *session.posargs, env={"LATPROF_FORBID_SKIPS": "1"},

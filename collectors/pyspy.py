@@ -45,8 +45,17 @@ class ThreadSample:
     wchan: str | None
 
 
+#: Environment variable naming the py-spy executable to use (default: beside this Python, else on PATH).
+ENV_PY_SPY = "LATPROF_PY_SPY"
+
+
 def py_spy() -> str:
-    """The py-spy executable: beside this Python (a venv's bin), else on PATH."""
+    """The py-spy executable: `$LATPROF_PY_SPY`, else beside this Python (a venv's bin), else on PATH."""
+    chosen = os.environ.get(ENV_PY_SPY)
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise SamplerError(f"{ENV_PY_SPY}={chosen}: no such executable (pip install py-spy, or unset it)")
+        return chosen
     here = Path(sys.executable).with_name("py-spy")
     if here.exists():
         return str(here)
@@ -54,6 +63,15 @@ def py_spy() -> str:
     if found is None:
         raise SamplerError("py-spy is not installed (pip install py-spy)")
     return found
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not exited (an exited child its parent has not reaped yet is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def wchan(pid: int, tid: int) -> str | None:
@@ -334,7 +352,7 @@ class Sampler:
                     loop = threading.Thread(target=self._loop, args=(pid, deadline), name=f"latprof-spy-{pid}", daemon=True)
                     self._loops[pid] = loop
                     loop.start()
-            if not os.path.exists(f"/proc/{self.pid}"):
+            if not alive(self.pid):
                 break
             self.stop_event.wait(min(self.window_s, max(0.0, (deadline - time_ns()) / 1e9)))
         for loop in list(self._loops.values()):
@@ -348,13 +366,13 @@ class Sampler:
             try:
                 window = record_window(pid, seconds=min(self.window_s, int(left_s)), rate=self.rate)
             except SamplerError as exc:
-                if not os.path.exists(f"/proc/{pid}"):
+                if not alive(pid):
                     self.exited.append(pid)
                 else:
                     self.errors.append(str(exc))
                 return
             if window.counts:
                 self.on_window(window)
-            if not os.path.exists(f"/proc/{pid}"):
+            if not alive(pid):
                 self.exited.append(pid)
                 return

@@ -28,7 +28,7 @@ from latprof.capture.writer import CaptureWriter
 from latprof.events import Frame as EventFrame
 from latprof.events import Gauge, QualityRecord, StackSample
 from latprof.semconv import NOTE_WARNING
-from latprof.stacks import match
+from latprof.stacks import BUSY, Frame, classify, match
 
 # `latprof.collectors` is installed from collectors/ (a package-dir mapping mypy does not follow)
 pyspy: Any = importlib.import_module("latprof.collectors.pyspy")
@@ -49,6 +49,8 @@ class AttachStats:
 
     windows: int = 0
     samples: int = 0
+    #: busy samples of every thread by layer so far (for the progress line's top layer)
+    layers: dict[str, int] = field(default_factory=dict)
     processes: set[int] = field(default_factory=set)
     exited: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -135,7 +137,14 @@ class AttachSession:
                     events.append(StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, share))
         for e in events:
             self.writer.emit(e)
+        busy: dict[str, int] = {}
+        for e in events:
+            c = classify([Frame(f.function, f.filename) for f in e.frames], wchan=e.wchan, active=e.active)
+            if c.state == BUSY and c.layer is not None:
+                busy[c.layer] = busy.get(c.layer, 0) + e.weight
         with self._lock:
+            for layer, n in busy.items():
+                self.stats.layers[layer] = self.stats.layers.get(layer, 0) + n
             self.stats.windows += 1
             self.stats.samples += total
             self.stats.processes.add(window.pid)

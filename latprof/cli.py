@@ -265,9 +265,12 @@ def _attach_progress(duration_s: float) -> Any:
 
     def progress(stats: Any) -> None:
         if sys.stderr.isatty():
+            top = max(stats.layers.items(), key=lambda kv: kv[1], default=None)
+            busy = sum(stats.layers.values())
             click.echo(
                 f"\rlatprof attach: {time.monotonic() - started:5.1f}/{duration_s:g} s, {stats.samples:,} samples,"
-                f" {len(stats.processes)} process(es)",
+                f" {len(stats.processes)} process(es)"
+                + (f", busy threads mostly in {top[0]} ({top[1] / busy:.0%})" if top and busy else "") + "   ",
                 err=True, nl=False,
             )  # fmt: skip
 

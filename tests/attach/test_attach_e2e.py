@@ -174,3 +174,35 @@ def test_a_pid_that_cannot_be_sampled_is_one_line_and_exit_2(tmp_path, target):
         proc.wait()
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and str(proc.pid) in out.stderr, out.stderr
+
+
+def test_a_target_that_exits_during_the_capture_still_gets_a_report_that_says_so(tmp_path):
+    """A service that stops 2 s into a 5 s attach: what was sampled is reported, and the exit is said."""
+    script = "import time\nend = time.time() + 2.5\nwhile time.time() < end:\n    sum(range(10_000))\n"
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        time.sleep(0.3)
+        out = subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(proc.pid), "--duration", "5",
+                              "--format", "json", "--out", str(tmp_path / "c.jsonl")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.returncode == 0, out.stderr
+    assert f"PID {proc.pid} exited" in out.stderr
+    report = json.loads(out.stdout)
+    assert report["collection"]["samples"] > 0
+    assert any(f"PID {proc.pid} exited" in w for w in report["collection"]["warnings"])
+    assert [r["layer"] for r in report["layers"]][:1] == ["app"]
+
+
+def test_py_spy_missing_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        out = subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(proc.pid), "--duration", "1",
+                              "--out", str(tmp_path / "c.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "LATPROF_PY_SPY": str(tmp_path / "no-py-spy")})  # fmt: skip
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "py-spy" in out.stderr, out.stderr

@@ -25,6 +25,14 @@ pytestmark = pytest.mark.slow  # real processes, sampled from outside
 
 SCENARIOS = Path(__file__).with_name("scenarios.py")
 
+#: openai 3.x runs on httpx2/httpcore2, 2.x on httpx/httpcore (the older-lines session checks 2.x).
+try:
+    import openai
+
+    CORE = "httpcore2" if int(openai.__version__.split(".")[0]) >= 3 else "httpcore"
+except ImportError:  # pragma: no cover - openai is a test dependency
+    CORE = "httpcore2"
+
 #: scenario -> (state, layer, signature, split_unknown)
 EXPECTED = {
     "sqlalchemy_pool_wait": (BUSY, DB_POOL, "sqlalchemy.pool_wait", False),
@@ -35,8 +43,8 @@ EXPECTED = {
     "sqlalchemy_query": (BUSY, DB_QUERY, "psycopg.wait", False),
     "httpx_pool_wait": (BUSY, HTTP_POOL, "httpcore.pool_wait", False),
     "httpx_headers": (BUSY, TOOL, "httpcore.exchange", False),
-    "openai_first_token": (BUSY, PROVIDER, "httpcore2.exchange", True),
-    "openai_stream_stall": (BUSY, PROVIDER, "httpcore2.body", True),
+    "openai_first_token": (BUSY, PROVIDER, f"{CORE}.exchange", True),
+    "openai_stream_stall": (BUSY, PROVIDER, f"{CORE}.body", True),
     "openai_retry_sleep": (BUSY, RETRY, "openai.retry_sleep", False),
     "tenacity_sleep": (BUSY, RETRY, "tenacity.sleep", False),
     "backoff_sleep": (BUSY, RETRY, "backoff.retry", False),
