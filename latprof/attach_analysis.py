@@ -15,13 +15,13 @@ Sampling from outside sees no requests, so:
 - **Shares** are each layer's time over busy time plus queue time (`share_of_tail_excess`
   carries it; `p50_ms`/`p99_ms` are null, `tail_excess_ms` is the layer's seconds per second
   of capture, in ms).
-- **Saturated** when workers were idle less than `MAX_IDLE_SHARE` of their samples, or a
-  backlog stood in at least `MIN_BACKLOG_SECONDS_SHARE` of the seconds. The verdict is then the
-  layer with the largest share among those a saturated service waits in — every layer but
-  `provider`/`model`/`tool` (workers waiting on the provider or on tools are doing their job;
-  the fix is elsewhere, so they are reported, not blamed) — when it holds at least
-  `MIN_VERDICT_SHARE`; `queue` when the backlog is the largest; else `unattributed`. Not
-  saturated: no verdict, and the summary says where busy time goes.
+- **Verdict** (`attach_verdict`): a pool or a lock workers wait in for at least
+  `MIN_VERDICT_SHARE` of their busy time is saturated itself, and named. Otherwise the workers
+  are **saturated** when idle less than `MAX_IDLE_SHARE` of their samples, or when a backlog
+  stood in at least `MIN_BACKLOG_SECONDS_SHARE` of the seconds: then `queue` (a backlog), or
+  `app` (workers mostly running Python), or `unattributed` (the cause is not visible from
+  outside). Workers waiting on the provider or on tools are doing their job: reported, never
+  blamed. Not saturated: no verdict, and the summary says where busy time goes.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 from latprof.engine import Finding, fingerprint, parse_doc_sections
 from latprof.events import StackSample
-from latprof.layers import APP, DB_POOL, HTTP_POOL, LAYERS, LOCK, MODEL, PROVIDER, QUEUE, RETRY, TOOL, UNATTRIBUTED
+from latprof.layers import APP, DB_POOL, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
 from latprof.report import LayerRow, Report, Verdict
 from latprof.stacks import BUSY, IDLE, Classification, Frame, classify
 from latprof.timeline import Timeline
@@ -43,8 +43,6 @@ MAX_IDLE_SHARE = 0.1
 MIN_BACKLOG_SECONDS_SHARE = 0.3
 #: The verdict layer holds at least this share of busy plus queue time.
 MIN_VERDICT_SHARE = 0.2
-#: Layers a saturated service is not blamed on (doing the work it exists for).
-NOT_BLAMED = frozenset({PROVIDER, MODEL, TOOL})
 
 #: Frames of a thread that serves a request (file suffix, function): the server's workers.
 SERVING_FRAMES = (
@@ -301,25 +299,33 @@ def busy_share(aa: AttachAnalysis, layer: str) -> float:
 def attach_verdict(aa: AttachAnalysis, findings: list[Finding]) -> Verdict:
     """report-v1 attach mode: the layer that saturates the service, or null, or unattributed.
 
-    Saturated, the verdict is, in order: a waiting layer (`WAITING`) holding at least
-    `MIN_VERDICT_SHARE` of busy worker time (a backlog in front of workers that wait for a
-    pool or a lock is that wait's doing); else `queue` when a backlog stood; else `app` when
-    workers mostly ran Python; else `unattributed` (saturated, cause not visible).
+    A waiting layer (`WAITING`) holding at least `MIN_VERDICT_SHARE` of busy worker time is
+    the verdict whether or not every worker was busy: the pool or lock behind it is what is
+    saturated (and a backlog in front of workers waiting for it is its doing). Otherwise, when
+    the workers are saturated: `queue` when a backlog stood, else `app` when workers mostly ran
+    Python, else `unattributed` (the cause is not visible); not saturated: null.
     """
     ranked = sorted(((aa.share(layer), layer) for layer in LAYERS if aa.share(layer) > 0), reverse=True)
     where = ", ".join(f"{layer} {share:.0%}" for share, layer in ranked[:3]) or "nothing was sampled"
-    if not aa.saturated:
+    waiting = max(((busy_share(aa, layer), layer) for layer in WAITING), default=(0.0, ""))
+    layer = None
+    if waiting[0] >= MIN_VERDICT_SHARE:  # workers queue for a pool or a lock: that resource is saturated
+        layer = waiting[1]
+    elif not aa.saturated:
         return Verdict(None, None, None, 1.0 if ranked else 0.0,
                        f"Not saturated: workers were idle {aa.idle_share or 0:.0%} of the time and no backlog stood;"
                        f" busy time went to {where}.", "no_tail")  # fmt: skip
-    waiting = max(((busy_share(aa, layer), layer) for layer in WAITING), default=(0.0, ""))
-    layer = None
-    if waiting[0] >= MIN_VERDICT_SHARE:
-        layer = waiting[1]
     elif aa.backlog_seconds_share >= MIN_BACKLOG_SECONDS_SHARE and aa.share(QUEUE) > 0:
         layer = QUEUE
     elif busy_share(aa, APP) >= 0.5:
         layer = APP
+    elif aa.busy_s and max(aa.busy_s, key=lambda k: aa.busy_s[k]) != UNATTRIBUTED:
+        top = max(aa.busy_s, key=lambda k: aa.busy_s[k])
+        return Verdict(None, None, None, 0.5,
+                       f"Every worker was busy, mostly in {top} ({busy_share(aa, top):.0%} of busy time), with no backlog"
+                       f" and no pool or lock wait: the service is at its capacity doing its job; add workers, or make"
+                       f" the handlers async so a worker is not tied up while it waits. Busy time: {where}.",
+                       "no_tail")  # fmt: skip
     if layer is None:
         return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
                        f"Saturated, but the cause is not visible from outside (busy time: {where}); run the service"

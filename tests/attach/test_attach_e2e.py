@@ -106,6 +106,19 @@ def test_gthread_threads_waiting_for_a_small_psycopg_pool_give_db_pool(tmp_path)
     assert report["collection"]["workers"] == 6 and report["collection"]["idle_share"] < 0.1
 
 
+def test_a_pool_workers_wait_in_is_named_though_not_every_worker_is_busy(tmp_path):
+    """2 gthread workers x 8 threads, pools of 4 held 150 ms, 16 clients: threads idle between
+    requests, but those serving spend a large share waiting for a connection."""
+    services.require_pg()
+    report, _ = attach_under_load(
+        tmp_path, ["-k", "gthread", "--threads", "8", "-w", "2"], "/db?ms=150", 16,
+        env={"WSGI_APP_PG": services.PG_DSN, "WSGI_APP_POOL_MAX": "4"},
+    )  # fmt: skip
+    assert (report["verdict"]["layer"], report["verdict"]["rule"]) == ("db.pool", "db-pool-exhaustion"), report["verdict"]
+    (finding,) = [f for f in report["findings"] if f["rule"] == "db-pool-exhaustion"]
+    assert finding["evidence"]["connections_established_peak"] == {"127.0.0.1:5432": 8}  # 2 workers x 4, all open
+
+
 def test_sync_workers_fanning_out_to_a_small_pool_give_db_pool(tmp_path):
     """2 sync workers; each request runs 8 lookups on a thread pool against a psycopg_pool of 2."""
     services.require_pg()
