@@ -11,8 +11,10 @@ Three collectors run side by side for `--duration` seconds, all into one capture
 - **wait channels** of every thread, polled at the sampling rate (for the split above).
 - **/proc** (`collectors/procfs.py`), every `POLL_S`: the accept-queue depth of each listening
   port (`accept.queue_depth`), and each second the connections accepted (`accept.rate`, per
-  second), every process's CPU (`process.cpu_percent`) and the established connections per
-  remote endpoint (`connections.established`).
+  second), every process's CPU (`process.cpu_percent`) and context switches
+  (`process.context_switches.voluntary`/`.involuntary`, per second), every thread's CPU
+  (`thread.cpu_percent`, `thread.id` the kernel TID the stacks carry) and the established
+  connections per remote endpoint (`connections.established`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ GAUGE_ACCEPT_QUEUE = "accept.queue_depth"
 GAUGE_ACCEPT_RATE = "accept.rate"
 GAUGE_CPU = "process.cpu_percent"
 GAUGE_CONNECTIONS = "connections.established"
+GAUGE_THREAD_CPU = "thread.cpu_percent"
+GAUGE_CTX_VOLUNTARY = "process.context_switches.voluntary"
+GAUGE_CTX_INVOLUNTARY = "process.context_switches.involuntary"
 
 
 @dataclass
@@ -163,6 +168,9 @@ class AttachSession:
             counter = procfs.AcceptCounter(self.pid, ports)
             counter.poll()
             procs: dict[int, Any] = {}
+            last_threads: dict[tuple[int, int], float] = {}  # CPU seconds of each thread at the last reading
+            last_ctx: dict[int, tuple[int, int]] = {}
+            last_at = time.monotonic()
             next_second = time.monotonic() + 1.0
             accepted = 0
             while not self.sampler.stop_event.wait(POLL_S):
@@ -177,14 +185,27 @@ class AttachSession:
                     self.writer.emit(Gauge(GAUGE_ACCEPT_RATE, accepted, now, self.pid, {"server.port": port}))
                 accepted = 0
                 pids = self.sampler.processes()
+                elapsed, last_at = time.monotonic() - last_at, time.monotonic()
                 for pid in pids:
                     proc = procs.get(pid)
                     try:
                         if proc is None:
                             proc = procs[pid] = psutil.Process(pid)
                             proc.cpu_percent(None)  # the first reading only starts the clock
-                            continue
-                        self.writer.emit(Gauge(GAUGE_CPU, proc.cpu_percent(None), now, pid))
+                        else:
+                            self.writer.emit(Gauge(GAUGE_CPU, proc.cpu_percent(None), now, pid))
+                        ctx = proc.num_ctx_switches()
+                        if pid in last_ctx:
+                            self.writer.emit(Gauge(GAUGE_CTX_VOLUNTARY, ctx.voluntary - last_ctx[pid][0], now, pid))
+                            self.writer.emit(Gauge(GAUGE_CTX_INVOLUNTARY, ctx.involuntary - last_ctx[pid][1], now, pid))
+                        last_ctx[pid] = (ctx.voluntary, ctx.involuntary)
+                        for t in proc.threads():
+                            used = t.user_time + t.system_time
+                            before = last_threads.get((pid, t.id))
+                            last_threads[(pid, t.id)] = used
+                            if before is not None and elapsed > 0:
+                                percent = round((used - before) / elapsed * 100, 1)
+                                self.writer.emit(Gauge(GAUGE_THREAD_CPU, percent, now, pid, {"thread.id": t.id}))
                     except psutil.Error:
                         procs.pop(pid, None)
                 for (address, port, status), n in procfs.remote_endpoints(pids, ports).items():
