@@ -33,7 +33,7 @@ from typing import Any, Iterable
 from latprof.engine import Finding, fingerprint, parse_doc_sections
 from latprof.events import StackSample
 from latprof.layers import APP, DB_POOL, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
-from latprof.report import LayerRow, Report, Verdict
+from latprof.report import LayerRow, Report, Verdict, WindowRow
 from latprof.stacks import BUSY, IDLE, Classification, Frame, classify
 from latprof.timeline import Timeline
 
@@ -86,6 +86,8 @@ class AttachAnalysis:
     connections: dict[str, int] = field(default_factory=dict)
     saturated: bool = False
     backlog_seconds_share: float = 0.0
+    #: per second of the capture: busy workers, their top layer, accept queue, accepted connections
+    seconds_rows: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total_s(self) -> float:
@@ -172,9 +174,14 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
     idle = 0
     signatures: dict[str, Counter[str]] = {}
     hot: dict[str, Counter[str]] = {}
+    second_busy: dict[int, Counter[tuple[int, int]]] = {}  # second -> worker -> busy samples
+    second_seen: dict[tuple[int, int], Counter[int]] = {}  # worker -> second -> samples (busy or idle)
+    second_layers: dict[int, Counter[str]] = {}
     for key in workers | helpers:
         helper = key in helpers
         for s, c in by_thread[key]:
+            if not helper:
+                second_seen.setdefault(key, Counter())[s.ts_ns // 1_000_000_000] += s.weight
             if c.state == IDLE:
                 if not helper and c.signature in WORKER_IDLE:
                     idle += s.weight
@@ -185,6 +192,10 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
             busy[layer] += s.weight
             signatures.setdefault(layer, Counter())[c.signature] += s.weight
             hot.setdefault(layer, Counter())[_app_frame(s)] += s.weight
+            second = s.ts_ns // 1_000_000_000
+            second_layers.setdefault(second, Counter())[layer] += s.weight
+            if not helper:
+                second_busy.setdefault(second, Counter())[key] += s.weight
     starts = [s.ts_ns for s in samples]
     seconds = max(1.0, (max(starts) - min(starts)) / 1e9 + 1.0) if starts else 0.0
 
@@ -211,6 +222,38 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
         signatures, hot, backlog, connections,
     )  # fmt: skip
     aa.backlog_seconds_share = len(backlog_seconds) / len(all_seconds) if all_seconds else 0.0
+    queue_by_second: dict[int, list[float]] = {}
+    for g in timeline.gauges.get("accept.queue_depth", ()):
+        queue_by_second.setdefault(g.ts_ns // 1_000_000_000, []).append(g.value)
+    accepted_by_second: dict[int, float] = {}
+    for g in timeline.gauges.get("accept.rate", ()):
+        second = g.ts_ns // 1_000_000_000
+        accepted_by_second[second] = accepted_by_second.get(second, 0.0) + g.value
+    # A process's windows are about 1.2 s apart: a second in which a worker's process began no
+    # window is covered by its previous window, whose state carries over.
+    busy_in: dict[tuple[int, int], dict[int, bool]] = {}
+    final = max(second_layers, default=0)
+    for key, seen in second_seen.items():
+        state: dict[int, bool] = {}
+        last: bool | None = None
+        last_second = 0
+        for second in range(min(seen), final + 1):
+            if seen.get(second):
+                last, last_second = second_busy.get(second, Counter())[key] >= seen[second] / 2, second
+            if last is not None and second - last_second <= 1:  # a window covers about the next second too
+                state[second] = last
+        busy_in[key] = state
+    for second in sorted(second_layers):  # the seconds sampled
+        layers_now = second_layers.get(second, Counter())
+        depth_now = queue_by_second.get(second)
+        aa.seconds_rows.append({
+            "second": second,
+            # a worker is busy in a second when at least half of its samples then were busy
+            "busy_workers": sum(1 for state in busy_in.values() if state.get(second)),
+            "top_layer": layers_now.most_common(1)[0][0] if layers_now else None,
+            "accept_queue": round(sum(depth_now) / len(depth_now), 2) if depth_now else None,
+            "accepted": accepted_by_second.get(second),
+        })  # fmt: skip
     idle_share = aa.idle_share
     aa.saturated = bool(
         (idle_share is not None and idle_share < MAX_IDLE_SHARE and sum(busy.values()) > 0)
@@ -362,6 +405,13 @@ def build_attach_report(aa: AttachAnalysis, findings: list[Finding]) -> Report:
         layers=layers,
         verdict=attach_verdict(aa, findings),
         findings=findings,
+        p99_over_time=[
+            WindowRow(float(row["second"]), None if row["accepted"] is None else int(row["accepted"]), None,
+                      {"workers": aa.workers, "busy_workers": row["busy_workers"], "top_layer": row["top_layer"],
+                       "accept_queue": row["accept_queue"]})
+            for row in aa.seconds_rows
+        ],  # fmt: skip
+        window_s=1.0,
         collection={
             "collectors": timeline.collectors,
             "coverage": round(covered / aa.total_s, 4) if aa.total_s else None,

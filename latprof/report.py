@@ -65,8 +65,10 @@ class LayerRow:
 @dataclass(frozen=True, slots=True)
 class WindowRow:
     start_unix_s: float
-    requests: int
+    requests: int | None
     p99_ms: float | None
+    #: attach mode, per second: busy workers, the layer most of them were in, the accept queue
+    extra: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ class Report:
             "p99_over_time": {
                 "window_s": self.window_s,
                 "windows": [
-                    {"start_unix_s": w.start_unix_s, "requests": w.requests, "p99_ms": w.p99_ms}
+                    {"start_unix_s": w.start_unix_s, "requests": w.requests, "p99_ms": w.p99_ms, **(w.extra or {})}
                     for w in self.p99_over_time
                 ],
             },

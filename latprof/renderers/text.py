@@ -149,6 +149,8 @@ def _value(value: Any) -> str:
 
 
 def _sparkline(report: Report) -> Text | None:
+    if report.source.get("kind") == "attach":
+        return _attach_seconds(report)
     points = [w.p99_ms for w in report.p99_over_time]
     values = [p for p in points if p is not None]
     if len(values) < 2:
@@ -160,6 +162,19 @@ def _sparkline(report: Report) -> Text | None:
     text.append(f"{fmt_ms(low)} ")
     text.append(chars, style="blue")
     text.append(f" {fmt_ms(high)}")
+    return text
+
+
+def _attach_seconds(report: Report) -> Text | None:
+    """Attach mode: per second, how many workers were busy and in which layer most were."""
+    rows = [w.extra for w in report.p99_over_time if w.extra]
+    if len(rows) < 2:
+        return None
+    text = Text("per second (busy workers/workers, top layer, accept queue)\n", style="bold")
+    for i, row in enumerate(rows):
+        queue = row.get("accept_queue")
+        text.append(f"  {i:>3}s  {row.get('busy_workers')}/{row.get('workers')}  {row.get('top_layer') or '-':<13}"
+                    + (f"  queue {queue:g}" if queue is not None else "") + "\n")  # fmt: skip
     return text
 
 
