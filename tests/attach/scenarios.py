@@ -19,6 +19,8 @@ Scenarios (what the target thread is doing; every wait lasts 120 s):
   whose only connection a holder thread uses for a BLPOP
 - redis_command: BLPOP on an empty key
 - psycopg_query / sqlalchemy_query: SELECT pg_sleep(120), plain psycopg 3 / SQLAlchemy
+- psycopg2_query: the same through SQLAlchemy on psycopg2 (no psycopg2 Python frame)
+- sqlite_query: a long recursive count in SQLite through SQLAlchemy (in C, no frame)
 - httpx_pool_wait: client.get() waiting for the httpx pool (max_connections=1)
 - httpx_headers: httpx.get() to a server that sends no headers for 120 s
 - openai_first_token: chat.completions.create(stream=True), the provider is silent
@@ -274,6 +276,35 @@ def sqlalchemy_query() -> Target:
             conn.execute(sa.text(f"SELECT pg_sleep({BLOCK_S})"))
 
     return Target(body, reached=pg_query_active(TAG))
+
+
+@scenario
+def psycopg2_query() -> Target:
+    """SELECT pg_sleep through SQLAlchemy on psycopg2, whose execute has no Python frame."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(SA_URL.replace("+psycopg://", "+psycopg2://", 1), connect_args={"application_name": TAG})
+
+    def body() -> None:
+        with engine.connect() as conn:
+            conn.execute(sa.text(f"SELECT pg_sleep({BLOCK_S})"))
+
+    return Target(body, reached=pg_query_active(TAG))
+
+
+@scenario
+def sqlite_query() -> Target:
+    """A long SQLite statement (a recursive count) through SQLAlchemy: C code, no Python frame."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine("sqlite://")
+    count = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000) SELECT max(x) FROM c"
+
+    def body() -> None:
+        with engine.connect() as conn:
+            conn.execute(sa.text(count))
+
+    return Target(body)
 
 
 @scenario

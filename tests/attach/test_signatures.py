@@ -41,6 +41,8 @@ EXPECTED = {
     "redis_command": (BUSY, DB_QUERY, "redis.read", False),
     "psycopg_query": (BUSY, DB_QUERY, "psycopg.wait", False),
     "sqlalchemy_query": (BUSY, DB_QUERY, "psycopg.wait", False),
+    "psycopg2_query": (BUSY, DB_QUERY, "sqlalchemy.do_execute", False),
+    "sqlite_query": (BUSY, DB_QUERY, "sqlalchemy.do_execute", False),
     "httpx_pool_wait": (BUSY, HTTP_POOL, "httpcore.pool_wait", False),
     "httpx_headers": (BUSY, TOOL, "httpcore.exchange", False),
     "openai_first_token": (BUSY, PROVIDER, f"{CORE}.exchange", True),
