@@ -361,10 +361,10 @@ class Sampler:
     def _loop(self, pid: int, deadline: int) -> None:
         while not self.stop_event.is_set():
             left_s = (deadline - time_ns()) / 1e9
-            if left_s < 1:  # no whole second left
+            if left_s < 0.5:  # a recording is whole seconds: less than half of one left is none
                 return
             try:
-                window = record_window(pid, seconds=min(self.window_s, int(left_s)), rate=self.rate)
+                window = record_window(pid, seconds=min(self.window_s, max(1, round(left_s))), rate=self.rate)
             except SamplerError as exc:
                 if not alive(pid):
                     self.exited.append(pid)

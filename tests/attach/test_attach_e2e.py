@@ -222,3 +222,23 @@ def test_py_spy_missing_is_one_line_and_exit_2(tmp_path):
         proc.kill()
         proc.wait()
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "py-spy" in out.stderr, out.stderr
+
+
+def test_no_permission_to_read_the_process_is_one_line_that_says_what_fixes_it(tmp_path):
+    """A process of another user, and latprof without CAP_SYS_PTRACE (what a non-root user has)."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a process as another user and drop CAP_SYS_PTRACE")
+    target = subprocess.Popen(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-c",
+                               "import time; time.sleep(30)"])  # fmt: skip
+    try:
+        time.sleep(0.3)
+        out = subprocess.run(["setpriv", "--inh-caps", "-sys_ptrace", "--bounding-set", "-sys_ptrace", sys.executable,
+                              "-m", "latprof", "attach", "--pid", str(target.pid), "--duration", "1",
+                              "--out", str(tmp_path / "c.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        target.kill()
+        target.wait()
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "not permitted" in out.stderr and "SYS_PTRACE" in out.stderr
