@@ -31,6 +31,11 @@ Scenarios (what the target thread is doing; every wait lasts 120 s):
 - cpu: a pure-Python busy loop
 - plain_sleep: time.sleep(120) called from app code
 - future_wait: future.result() on a ThreadPoolExecutor task
+- semaphore_wait: Semaphore.acquire on a threading.Semaphore(1) a holder keeps
+- backoff_predicate_sleep: backoff.on_predicate sleeping after a falsy result
+- httpx2_headers: httpx2.get (no openai) to a server that sends no headers
+- asyncio_idle: an event loop with nothing to do
+- anyio_worker_idle: anyio's worker thread waiting for its next call (the target)
 - executor_idle: an idle ThreadPoolExecutor worker after one trivial task; the
   target is that worker (thread name ``target_0``)
 """
@@ -437,6 +442,72 @@ def executor_idle() -> Target:
     pool = ThreadPoolExecutor(1, thread_name_prefix="target")
     _keep.append(pool)
     return Target(None, tid=pool.submit(threading.get_native_id).result())
+
+
+@scenario
+def semaphore_wait() -> Target:
+    """A threading.Semaphore(1) a holder keeps: Semaphore.acquire is Python, Condition.wait inside."""
+    sem = threading.Semaphore(1)
+
+    def hold(has_it: threading.Event) -> None:
+        sem.acquire()
+        has_it.set()
+        threading.Event().wait()
+
+    start_holder(hold)
+    return Target(sem.acquire)
+
+
+@scenario
+def backoff_predicate_sleep() -> Target:
+    """backoff.on_predicate sleeping after a falsy first result."""
+    import backoff
+
+    answered = threading.Event()
+
+    @backoff.on_predicate(backoff.constant, interval=BLOCK_S, jitter=None, max_tries=3)
+    def poll() -> bool:
+        first = not answered.is_set()
+        answered.set()
+        return not first
+
+    return Target(poll, reached=answered.is_set)
+
+
+@scenario
+def httpx2_headers() -> Target:
+    """httpx2 (what openai 3.x runs on), used without openai: an HTTP read is a tool call."""
+    import httpx2
+
+    url = start_server() + "/slow"
+    return Target(lambda: httpx2.get(url, timeout=None), reached=_Handler.seen.is_set)
+
+
+@scenario
+def asyncio_idle() -> Target:
+    """An event loop with nothing to do, parked in its selector."""
+    import asyncio
+
+    return Target(lambda: asyncio.run(asyncio.sleep(BLOCK_S)))
+
+
+@scenario
+def anyio_worker_idle() -> Target:
+    """anyio's worker thread (FastAPI's sync endpoints run there) waiting for its next call."""
+    import anyio
+    import anyio.to_thread
+
+    tids: list[int] = []
+    started = threading.Event()
+
+    async def main() -> None:
+        tids.append(await anyio.to_thread.run_sync(threading.get_native_id))
+        started.set()
+        await anyio.sleep(BLOCK_S)  # the worker idles until the loop ends
+
+    threading.Thread(target=lambda: anyio.run(main), name="loop", daemon=True).start()
+    wait_until(started.is_set, "anyio worker ran one call")
+    return Target(None, tid=tids[0])
 
 
 # ---------------------------------------------------------------- main

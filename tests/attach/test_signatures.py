@@ -55,6 +55,11 @@ EXPECTED = {
     "plain_sleep": (BUSY, None, "wchan.sleep", False),
     "future_wait": (BUSY, None, "future.result", False),
     "executor_idle": (IDLE, None, "executor.idle", False),
+    "semaphore_wait": (BUSY, LOCK, "threading.semaphore", False),
+    "backoff_predicate_sleep": (BUSY, RETRY, "backoff.retry_predicate", False),
+    "httpx2_headers": (BUSY, TOOL, "httpcore2.exchange", False),
+    "asyncio_idle": (IDLE, None, "asyncio.select", False),
+    "anyio_worker_idle": (IDLE, None, "anyio.worker_idle", False),
 }
 
 
