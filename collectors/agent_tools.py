@@ -35,7 +35,6 @@ error of the hook is counted, never raised into the service.
 from __future__ import annotations
 
 import contextvars
-import functools
 import time
 from typing import Any, Callable
 
@@ -61,7 +60,7 @@ _MARK = "__latprof_agent_tools__"
 _in_tool: contextvars.ContextVar[str | None] = contextvars.ContextVar("latprof_in_tool", default=None)
 
 _installed = False
-_patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+_patches = runtime.Patches(_MARK)  # what install() replaced, for uninstall()
 
 
 def install() -> bool:
@@ -87,19 +86,8 @@ def uninstall() -> None:
     """Put every patched attribute back (tests)."""
     global _installed
     _installed = False
-    while _patches:
-        owner, name, original = _patches.pop()
-        setattr(owner, name, original)
+    _patches.restore()
 
-
-def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-    original = getattr(owner, "__dict__", {}).get(name)
-    if original is None or getattr(original, _MARK, False):
-        return
-    wrapper = functools.wraps(original)(make(original))
-    setattr(wrapper, _MARK, True)
-    setattr(owner, name, wrapper)
-    _patches.append((owner, name, original))
 
 
 # --- one call --------------------------------------------------------------------------------
@@ -180,8 +168,8 @@ def _as_bytes(value: Any) -> bytes:
 def _patch_langchain(module: Any) -> None:
     if not _installed:
         return
-    _patch(module.BaseTool, "run", _langchain_run)
-    _patch(module.BaseTool, "arun", _langchain_arun)
+    _patches.wrap(module.BaseTool, "run", _langchain_run)
+    _patches.wrap(module.BaseTool, "arun", _langchain_arun)
 
 
 def _langchain_run(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -224,13 +212,13 @@ _INVOKE = "_invoke_function_tool_with_metadata"
 @runtime.guarded(HOOK)
 def _patch_agents_tool(module: Any) -> None:
     if _installed:
-        _patch(module, _INVOKE, _agents_invoke)
+        _patches.wrap(module, _INVOKE, _agents_invoke)
 
 
 @runtime.guarded(HOOK)
 def _patch_agents_runner(module: Any) -> None:
     if _installed:
-        _patch(module, _INVOKE, _agents_invoke)
+        _patches.wrap(module, _INVOKE, _agents_invoke)
 
 
 def _agents_invoke(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -261,7 +249,7 @@ def _agents_invoke(original: Callable[..., Any]) -> Callable[..., Any]:
 @runtime.guarded(HOOK)
 def _patch_mcp(module: Any) -> None:
     if _installed:
-        _patch(module.ClientSession, "call_tool", _mcp_call_tool)
+        _patches.wrap(module.ClientSession, "call_tool", _mcp_call_tool)
 
 
 def _mcp_call_tool(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -63,7 +63,6 @@ context-variable read. Every error of the hook is counted, never raised into the
 
 from __future__ import annotations
 
-import functools
 import importlib
 import itertools
 import os
@@ -141,7 +140,7 @@ _MARK = "__latprof_httpx__"
 _STATE_ATTR = "_latprof_http_pool"  # on a pool instance: its _PoolState
 
 _installed = False
-_patches: list[tuple[type, str, Any]] = []  # (class, attribute, original) in patch order
+_patches = runtime.Patches(_MARK)  # what install() replaced, for uninstall()
 _pool_numbers = itertools.count(1)
 #: On an httpcore `Request` sent inside a request: the pool its `handle_request` is sending it
 #: through (the `PoolRequest` that waits holds the same request object).
@@ -191,9 +190,7 @@ def uninstall() -> None:
     """Put every patched attribute back (tests); requests and streams in flight still finish."""
     global _installed
     _installed = False
-    while _patches:
-        owner, name, original = _patches.pop()
-        setattr(owner, name, original)
+    _patches.restore()
 
 
 def llm_paths_from(value: str | None) -> tuple[str, ...]:
@@ -228,15 +225,6 @@ def llm_path(path: str) -> str | None:
     return None
 
 
-def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-    original = getattr(owner, "__dict__", {}).get(name)
-    if original is None or getattr(original, _MARK, False):
-        return
-    wrapper = functools.wraps(original)(make(original))
-    setattr(wrapper, _MARK, True)
-    setattr(owner, name, wrapper)
-    _patches.append((owner, name, original))
-
 
 def _core_patcher(family: _Family) -> Callable[[Any], None]:
     def patch_core(module: Any) -> None:  # a closure, not a partial: runtime names errors by __module__
@@ -244,10 +232,10 @@ def _core_patcher(family: _Family) -> Callable[[Any], None]:
             return
         sync = importlib.import_module(f"{family.core}._sync.connection_pool")
         asynchronous = importlib.import_module(f"{family.core}._async.connection_pool")
-        _patch(sync.ConnectionPool, "handle_request", lambda original: _sync_handle_request(original, family))
-        _patch(sync.PoolRequest, "wait_for_connection", lambda original: _sync_wait_for_connection(original, family))
-        _patch(asynchronous.AsyncConnectionPool, "handle_async_request", lambda original: _async_handle_request(original, family))
-        _patch(asynchronous.AsyncPoolRequest, "wait_for_connection", lambda original: _async_wait_for_connection(original, family))
+        _patches.wrap(sync.ConnectionPool, "handle_request", lambda original: _sync_handle_request(original, family))
+        _patches.wrap(sync.PoolRequest, "wait_for_connection", lambda original: _sync_wait_for_connection(original, family))
+        _patches.wrap(asynchronous.AsyncConnectionPool, "handle_async_request", lambda original: _async_handle_request(original, family))
+        _patches.wrap(asynchronous.AsyncPoolRequest, "wait_for_connection", lambda original: _async_wait_for_connection(original, family))
 
     return patch_core
 
@@ -258,8 +246,8 @@ def _client_patcher(family: _Family) -> Callable[[Any], None]:
             return
         if family.sync_watch is None:
             family.sync_watch, family.async_watch = _stream_classes(module.SyncByteStream, module.AsyncByteStream)
-        _patch(module.Client, "send", lambda original: _sync_send(original, family))
-        _patch(module.AsyncClient, "send", lambda original: _async_send(original, family))
+        _patches.wrap(module.Client, "send", lambda original: _sync_send(original, family))
+        _patches.wrap(module.AsyncClient, "send", lambda original: _async_send(original, family))
 
     return patch_client
 

@@ -71,7 +71,7 @@ _now = time.time_ns  # what runtime.now_ns is, without the attribute lookup per 
 _MARK = "__latprof_openai__"
 
 _installed = False
-_patches: list[tuple[type, str, Any]] = []  # (class, attribute, original) in patch order
+_patches = runtime.Patches(_MARK)  # what install() replaced, for uninstall()
 _stream_classes: tuple[type, ...] = ()
 #: with_raw_response streams: the httpx response -> its call, until `.parse()` builds the Stream.
 _raw_pending: weakref.WeakKeyDictionary[Any, _Call] = weakref.WeakKeyDictionary()
@@ -103,20 +103,9 @@ def uninstall() -> None:
     """Put every patched attribute back (tests); calls already in flight still finish."""
     global _installed, _stream_classes
     _installed = False
-    while _patches:
-        owner, name, original = _patches.pop()
-        setattr(owner, name, original)
+    _patches.restore()
     _stream_classes = ()
 
-
-def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-    original = getattr(owner, "__dict__", {}).get(name)
-    if original is None or getattr(original, _MARK, False):
-        return
-    wrapper = functools.wraps(original)(make(original))
-    setattr(wrapper, _MARK, True)
-    setattr(owner, name, wrapper)
-    _patches.append((owner, name, original))
 
 
 def _patch_streaming(module: Any) -> None:
@@ -125,33 +114,33 @@ def _patch_streaming(module: Any) -> None:
         return
     stream, async_stream = module.Stream, module.AsyncStream
     _stream_classes = (stream, async_stream)
-    _patch(stream, "close", _sync_close)
-    _patch(async_stream, "close", _async_close)
-    _patch(stream, "__init__", _stream_init)
-    _patch(async_stream, "__init__", _stream_init)
+    _patches.wrap(stream, "close", _sync_close)
+    _patches.wrap(async_stream, "close", _async_close)
+    _patches.wrap(stream, "__init__", _stream_init)
+    _patches.wrap(async_stream, "__init__", _stream_init)
 
 
 def _patch_base_client(module: Any) -> None:
     if not _installed:
         return
-    _patch(module.SyncAPIClient, "_sleep_for_retry", _sync_retry_sleep)
-    _patch(module.AsyncAPIClient, "_sleep_for_retry", _async_retry_sleep)
+    _patches.wrap(module.SyncAPIClient, "_sleep_for_retry", _sync_retry_sleep)
+    _patches.wrap(module.AsyncAPIClient, "_sleep_for_retry", _async_retry_sleep)
 
 
 def _patch_chat(module: Any) -> None:
     if not _installed:
         return
     for name in ("create", "parse"):
-        _patch(module.Completions, name, functools.partial(_sync_call, observe=_observe_chat_chunk))
-        _patch(module.AsyncCompletions, name, functools.partial(_async_call, observe=_observe_chat_chunk))
+        _patches.wrap(module.Completions, name, functools.partial(_sync_call, observe=_observe_chat_chunk))
+        _patches.wrap(module.AsyncCompletions, name, functools.partial(_async_call, observe=_observe_chat_chunk))
 
 
 def _patch_responses(module: Any) -> None:
     if not _installed:
         return
     for name in ("create", "parse"):
-        _patch(module.Responses, name, functools.partial(_sync_call, observe=_observe_response_event))
-        _patch(module.AsyncResponses, name, functools.partial(_async_call, observe=_observe_response_event))
+        _patches.wrap(module.Responses, name, functools.partial(_sync_call, observe=_observe_response_event))
+        _patches.wrap(module.AsyncResponses, name, functools.partial(_async_call, observe=_observe_response_event))
 
 
 # --- one LLM call ------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ _parent_var = runtime._parent
 _CARRIED = "_latprof_carried"  # on a Thread started inside a request: (request, parent)
 
 _installed = False
-_patches: list[tuple[type, str, Any]] = []  # (class, attribute, original)
+_patches = runtime.Patches("__latprof_threads__")  # what install() replaced, for uninstall()
 
 
 def install() -> bool:
@@ -60,8 +60,8 @@ def install() -> bool:
     if _installed:
         return True
     _installed = True
-    _patch(threading.Thread, "start", _make_start)
-    _patch(threading.Thread, "run", _make_run)
+    _patches.wrap(threading.Thread, "start", _make_start)
+    _patches.wrap(threading.Thread, "run", _make_run)
     runtime.when_imported("concurrent.futures.thread", _patch_executor)
     return True
 
@@ -70,27 +70,13 @@ def uninstall() -> None:
     """Restore the originals (tests); work already handed over still finishes as it began."""
     global _installed
     _installed = False
-    while _patches:
-        owner, name, original = _patches.pop()
-        setattr(owner, name, original)
-
-
-def _patch(owner: type, name: str, make: Callable[[Any], Any]) -> None:
-    original = owner.__dict__[name]
-    wrapper = make(original)
-    wrapper.__name__ = original.__name__
-    wrapper.__qualname__ = original.__qualname__
-    wrapper.__doc__ = original.__doc__
-    wrapper.__wrapped__ = original
-    setattr(owner, name, wrapper)
-    _patches.append((owner, name, original))
+    _patches.restore()
 
 
 @runtime.guarded(HOOK)
 def _patch_executor(module: Any) -> None:
-    if not _installed or any(owner is module.ThreadPoolExecutor for owner, _, _ in _patches):
-        return
-    _patch(module.ThreadPoolExecutor, "submit", _make_submit)
+    if _installed:
+        _patches.wrap(module.ThreadPoolExecutor, "submit", _make_submit)  # once: a wrapped one is left alone
 
 
 # --- ThreadPoolExecutor --------------------------------------------------------------------------
