@@ -75,38 +75,31 @@ from latprof.collectors import _tools, runtime
 from latprof.collectors.openai import _RESPONSE_SNAPSHOTS, _loads, _usage_counts
 from latprof.collectors.openai import _in_call as _in_sdk_call
 
-from latprof import semconv
 from latprof.layers import HTTP_POOL, MODEL, PROVIDER, TOOL
 from latprof.semconv import (
     ERROR_TYPE,
+    GAUGE_HTTP_POOL_IN_USE,
+    GAUGE_HTTP_POOL_MAX,
+    GAUGE_HTTP_POOL_WAITERS,
     GEN_AI_INPUT_TOKENS,
     GEN_AI_OPERATION_NAME,
     GEN_AI_OUTPUT_TOKENS,
     GEN_AI_PROVIDER_NAME,
     GEN_AI_RESPONSE_MODEL,
+    HTTP_POOL_MAX_CONNECTIONS,
+    HTTP_POOL_MAX_KEEPALIVE,
+    HTTP_POOL_NAME,
+    HTTP_REQUEST_METHOD,
     HTTP_STATUS_CODE,
     LLM_CALL_ID,
     OUTPUT_CHUNKS,
     SERVER_ADDRESS,
+    SERVER_PORT,
     TOOL_DEPENDS_ON,
     TTFT_KNOWN,
 )
 
 HOOK = "httpx"
-
-# --- names this hook introduces (proposed for latprof.semconv) ---------------------------------
-#: OpenTelemetry's HTTP attributes not yet in semconv.
-HTTP_REQUEST_METHOD = semconv.HTTP_REQUEST_METHOD
-SERVER_PORT = semconv.SERVER_PORT
-#: str on an `http.pool` segment and the pool gauges: which client pool ("httpx pool 1").
-HTTP_POOL_NAME = semconv.HTTP_POOL_NAME
-#: int on an `http.pool` segment: the pool's `max_connections` (absent when unlimited).
-HTTP_POOL_MAX_CONNECTIONS = semconv.HTTP_POOL_MAX_CONNECTIONS
-#: int on an `http.pool` segment: the pool's `max_keepalive_connections` (absent when unlimited).
-HTTP_POOL_MAX_KEEPALIVE = semconv.HTTP_POOL_MAX_KEEPALIVE
-GAUGE_HTTP_POOL_IN_USE = semconv.GAUGE_HTTP_POOL_IN_USE
-GAUGE_HTTP_POOL_MAX = semconv.GAUGE_HTTP_POOL_MAX
-GAUGE_HTTP_POOL_WAITERS = semconv.GAUGE_HTTP_POOL_WAITERS
 
 #: A request that waited at least this long for a connection slot gets an `http.pool` segment.
 MIN_WAIT_NS = 1_000_000

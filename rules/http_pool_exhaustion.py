@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from latprof import semconv
 from latprof.analysis import Analysis
 from latprof.engine import (
     Finding,
@@ -16,15 +15,16 @@ from latprof.engine import (
     severity_for_share,
 )
 from latprof.layers import HTTP_POOL
-from latprof.semconv import SERVER_ADDRESS
+from latprof.semconv import (
+    GAUGE_HTTP_POOL_IN_USE,
+    GAUGE_HTTP_POOL_MAX,
+    GAUGE_HTTP_POOL_WAITERS,
+    HTTP_POOL_MAX_CONNECTIONS,
+    HTTP_POOL_MAX_KEEPALIVE,
+    HTTP_POOL_NAME,
+    SERVER_ADDRESS,
+)
 
-# Names the httpx hook records (proposed for latprof.semconv).
-HTTP_POOL_NAME = semconv.HTTP_POOL_NAME
-HTTP_POOL_MAX_CONNECTIONS = semconv.HTTP_POOL_MAX_CONNECTIONS
-HTTP_POOL_MAX_KEEPALIVE = semconv.HTTP_POOL_MAX_KEEPALIVE
-GAUGE_HTTP_POOL_IN_USE = semconv.GAUGE_HTTP_POOL_IN_USE
-GAUGE_HTTP_POOL_MAX = semconv.GAUGE_HTTP_POOL_MAX
-GAUGE_HTTP_POOL_WAITERS = semconv.GAUGE_HTTP_POOL_WAITERS
 
 #: Hosts named in the evidence, at most (the ones with the most waiting first).
 MAX_HOSTS = 5
