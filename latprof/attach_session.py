@@ -30,7 +30,7 @@ from latprof.capture.writer import CaptureWriter
 from latprof.events import Frame as EventFrame
 from latprof.events import Gauge, QualityRecord, StackSample
 from latprof.semconv import NOTE_WARNING
-from latprof.stacks import BUSY, Frame, classify, match
+from latprof.stacks import BUSY, by_wait_channel, match, share_out
 
 # `latprof.collectors` is installed from collectors/ (a package-dir mapping mypy does not follow)
 pyspy: Any = importlib.import_module("latprof.collectors.pyspy")
@@ -126,27 +126,24 @@ class AttachSession:
         wchans = self.channels.between(window.pid, window.start_ns, window.end_ns)
         events = []
         total = 0
+        busy: dict[str, int] = {}  # busy samples by layer, for the progress line
         for c in window.counts:
             frames = tuple(EventFrame(f.name, f.file) for f in c.frames)
             total += c.count
-            if match(c.frames) is not None or not wchans.get(c.tid):
+            found = match(c.frames)
+            seen = wchans.get(c.tid)
+            if found is not None or not seen:
                 events.append(StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, False, None, c.count))
+                if found is not None and found.state == BUSY and found.layer is not None:
+                    busy[found.layer] = busy.get(found.layer, 0) + c.count
                 continue
-            seen = wchans[c.tid]
-            left, ranked = c.count, sorted(seen.items(), key=lambda kv: -kv[1])
-            whole = sum(seen.values())
-            for i, (w, n) in enumerate(ranked):
-                share = left if i == len(ranked) - 1 else min(left, round(c.count * n / whole))
-                left -= share
-                if share:
-                    events.append(StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, share))
+            for w, n in share_out(c.count, seen):
+                events.append(StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, n))
+                layer = by_wait_channel(w, w == "0").layer  # what the analysis makes of this event
+                if layer is not None:
+                    busy[layer] = busy.get(layer, 0) + n
         for e in events:
             self.writer.emit(e)
-        busy: dict[str, int] = {}
-        for e in events:
-            c = classify([Frame(f.function, f.filename) for f in e.frames], wchan=e.wchan, active=e.active)
-            if c.state == BUSY and c.layer is not None:
-                busy[c.layer] = busy.get(c.layer, 0) + e.weight
         with self._lock:
             for layer, n in busy.items():
                 self.stats.layers[layer] = self.stats.layers.get(layer, 0) + n

@@ -194,7 +194,7 @@ def classify(
 ) -> Classification:
     """What the thread whose stack is `frames` (innermost first) is doing."""
     found = match(frames, extra=extra)
-    return found if found is not None else _by_wait_channel(wchan, active)
+    return found if found is not None else by_wait_channel(wchan, active)
 
 
 def classify_count(
@@ -207,20 +207,28 @@ def classify_count(
     found = match(frames, extra=extra)
     if found is not None:
         return [(found, count)]
-    total = sum(wchans.values()) if wchans else 0
-    if total <= 0:
-        return [(_by_wait_channel(None, None), count)]
+    if not wchans or sum(wchans.values()) <= 0:
+        return [(by_wait_channel(None, None), count)]
     shares: dict[Classification, int] = {}
+    for w, n in share_out(count, wchans):
+        c = by_wait_channel(w, None)
+        shares[c] = shares.get(c, 0) + n
+    return list(shares.items())
+
+
+def share_out(count: int, wchans: Mapping[str, int]) -> list[tuple[str, int]]:
+    """`count` samples shared out over the wait channels a thread was seen in (value -> times
+    seen), in proportion, most seen first, what rounding leaves to the last; no empty shares."""
+    total = sum(wchans.values())
+    shares = []
     left = count
-    ranked = sorted(wchans.items(), key=lambda kv: -kv[1]) if wchans else []
+    ranked = sorted(wchans.items(), key=lambda kv: -kv[1])
     for i, (w, seen) in enumerate(ranked):
-        n = left if i == len(ranked) - 1 else round(count * seen / total)
-        n = min(n, left)
+        n = left if i == len(ranked) - 1 else min(left, round(count * seen / total))
         left -= n
         if n:
-            c = _by_wait_channel(w, None)
-            shares[c] = shares.get(c, 0) + n
-    return list(shares.items())
+            shares.append((w, n))
+    return shares
 
 
 def match(frames: Sequence[Frame], *, extra: Sequence[Signature] = ()) -> Classification | None:
@@ -269,8 +277,9 @@ def _decided(sig: Signature, frames: Sequence[Frame]) -> Classification:
     return Classification(BUSY, layer, sig.id)
 
 
-def _by_wait_channel(wchan: str | None, active: bool | None) -> Classification:
-    """No signature matched: the thread runs its own code, or waits in a C call that left no frame."""
+def by_wait_channel(wchan: str | None, active: bool | None) -> Classification:
+    """What a thread no signature explains does: runs its own code, or waits in a C call that
+    left no frame (told apart by its wait channel, else by py-spy's `active`)."""
     w = (wchan or "").strip()
     if w == "0" or (w == "" and active is not False):
         return Classification(BUSY, APP, "running")
