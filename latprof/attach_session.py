@@ -82,6 +82,7 @@ class AttachSession:
         self.on_progress = on_progress
         self.stats = AttachStats()
         self._lock = threading.Lock()
+        self._proc_started = threading.Event()
         self.writer = CaptureWriter(
             out, source="attach", header_extra={"collectors": ["py-spy", "procfs"], "target_pid": pid, "rate_hz": rate}
         )
@@ -102,6 +103,7 @@ class AttachSession:
         self.channels.start()
         poller = threading.Thread(target=self._poll_proc, name="latprof-procfs", daemon=True)
         poller.start()
+        self._proc_started.wait(5)  # the first window's second has an accept-queue reading too
         try:
             self.sampler.run(self.duration_s)
         finally:
@@ -157,56 +159,77 @@ class AttachSession:
     # -- /proc ----------------------------------------------------------------------------------
 
     def _poll_proc(self) -> None:
-        import psutil  # type: ignore[import-untyped]
-
         try:
             pids = self.sampler.processes()
             ports = procfs.listening_ports(self.pid, pids)
             counter = procfs.AcceptCounter(self.pid, ports)
             counter.poll()
-            procs: dict[int, Any] = {}
-            last_threads: dict[tuple[int, int], float] = {}  # CPU seconds of each thread at the last reading
-            last_ctx: dict[int, tuple[int, int]] = {}
-            last_at = time.monotonic()
+            seconds = _EverySecond(self, ports)
             next_second = time.monotonic() + 1.0
             accepted = 0
-            while not self.sampler.stop_event.wait(POLL_S):
+            while True:  # a reading at once, then one every POLL_S until the sampling stops
                 now = time.time_ns()
                 for port, depth in procfs.accept_queues(self.pid, ports).items():
                     self.writer.emit(Gauge(GAUGE_ACCEPT_QUEUE, depth, now, self.pid, {"server.port": port}))
+                self._proc_started.set()  # the first reading is in: sampling may begin
                 accepted += counter.poll()
-                if time.monotonic() < next_second:
-                    continue
-                next_second += 1.0
-                for port in ports:
-                    self.writer.emit(Gauge(GAUGE_ACCEPT_RATE, accepted, now, self.pid, {"server.port": port}))
-                accepted = 0
-                pids = self.sampler.processes()
-                elapsed, last_at = time.monotonic() - last_at, time.monotonic()
-                for pid in pids:
-                    proc = procs.get(pid)
-                    try:
-                        if proc is None:
-                            proc = procs[pid] = psutil.Process(pid)
-                            proc.cpu_percent(None)  # the first reading only starts the clock
-                        else:
-                            self.writer.emit(Gauge(GAUGE_CPU, proc.cpu_percent(None), now, pid))
-                        ctx = proc.num_ctx_switches()
-                        if pid in last_ctx:
-                            self.writer.emit(Gauge(GAUGE_CTX_VOLUNTARY, ctx.voluntary - last_ctx[pid][0], now, pid))
-                            self.writer.emit(Gauge(GAUGE_CTX_INVOLUNTARY, ctx.involuntary - last_ctx[pid][1], now, pid))
-                        last_ctx[pid] = (ctx.voluntary, ctx.involuntary)
-                        for t in proc.threads():
-                            used = t.user_time + t.system_time
-                            before = last_threads.get((pid, t.id))
-                            last_threads[(pid, t.id)] = used
-                            if before is not None and elapsed > 0:
-                                percent = round((used - before) / elapsed * 100, 1)
-                                self.writer.emit(Gauge(GAUGE_THREAD_CPU, percent, now, pid, {"thread.id": t.id}))
-                    except psutil.Error:
-                        procs.pop(pid, None)
-                for (address, port, status), n in procfs.remote_endpoints(pids, ports).items():
-                    if status == "ESTABLISHED":
-                        self.writer.emit(Gauge(GAUGE_CONNECTIONS, n, now, self.pid, {"server.address": address, "server.port": port}))
+                if time.monotonic() >= next_second:
+                    next_second += 1.0
+                    seconds.read(now, accepted)
+                    accepted = 0
+                if self.sampler.stop_event.wait(POLL_S):
+                    break
         except Exception as exc:  # the stacks go on without /proc; say so in the capture
+            self._proc_started.set()
             self.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), self.pid, f"/proc polling stopped: {type(exc).__name__}: {exc}"))
+
+
+class _EverySecond:
+    """The /proc and psutil readings taken once a second: accepts, CPU, context switches, connections."""
+
+    def __init__(self, session: AttachSession, ports: set[int]) -> None:
+        self.session = session
+        self.ports = ports
+        self.procs: dict[int, Any] = {}
+        self.last_threads: dict[tuple[int, int], float] = {}  # CPU seconds of each thread at the last reading
+        self.last_ctx: dict[int, tuple[int, int]] = {}
+        self.last_at = time.monotonic()
+
+    def read(self, now: int, accepted: int) -> None:
+        import psutil  # type: ignore[import-untyped]
+
+        emit, target = self.session.writer.emit, self.session.pid
+        for port in self.ports:
+            emit(Gauge(GAUGE_ACCEPT_RATE, accepted, now, target, {"server.port": port}))
+        pids = self.session.sampler.processes()
+        elapsed, self.last_at = time.monotonic() - self.last_at, time.monotonic()
+        for pid in pids:
+            try:
+                self._process(pid, now, elapsed)
+            except psutil.Error:
+                self.procs.pop(pid, None)
+        for (address, port, status), n in procfs.remote_endpoints(pids, self.ports).items():
+            if status == "ESTABLISHED":
+                emit(Gauge(GAUGE_CONNECTIONS, n, now, target, {"server.address": address, "server.port": port}))
+
+    def _process(self, pid: int, now: int, elapsed: float) -> None:
+        import psutil
+
+        emit = self.session.writer.emit
+        proc = self.procs.get(pid)
+        if proc is None:
+            proc = self.procs[pid] = psutil.Process(pid)
+            proc.cpu_percent(None)  # the first reading only starts the clock
+        else:
+            emit(Gauge(GAUGE_CPU, proc.cpu_percent(None), now, pid))
+        ctx = proc.num_ctx_switches()
+        if pid in self.last_ctx:
+            emit(Gauge(GAUGE_CTX_VOLUNTARY, ctx.voluntary - self.last_ctx[pid][0], now, pid))
+            emit(Gauge(GAUGE_CTX_INVOLUNTARY, ctx.involuntary - self.last_ctx[pid][1], now, pid))
+        self.last_ctx[pid] = (ctx.voluntary, ctx.involuntary)
+        for t in proc.threads():
+            used = t.user_time + t.system_time
+            before = self.last_threads.get((pid, t.id))
+            self.last_threads[(pid, t.id)] = used
+            if before is not None and elapsed > 0:
+                emit(Gauge(GAUGE_THREAD_CPU, round((used - before) / elapsed * 100, 1), now, pid, {"thread.id": t.id}))

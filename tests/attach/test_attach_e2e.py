@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,18 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from attach.procs import ROOT, free_port, gunicorn, start_server
 from hooks.apps import services  # tests/hooks/apps: the local services the tests use
 
 pytestmark = pytest.mark.slow  # real servers, sampled from outside
-
-ROOT = Path(__file__).resolve().parents[2]
-APP = "tests.hooks.apps.wsgi_app:app"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clients: int, *, pause_s: float = 0.0,
@@ -38,13 +29,8 @@ def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clien
     """Start gunicorn (or `server`, with `{port}` in it), keep `clients` client threads requesting
     `path`, attach to its first process for 4 s; (the live report, `latprof analyze` of its capture)."""
     port = free_port()
-    command = [a.format(port=port) for a in server] if server else [
-        sys.executable, "-m", "gunicorn", APP, "-b", f"127.0.0.1:{port}", *gunicorn_args, "--no-control-socket",
-        "--log-level", "warning",
-    ]  # fmt: skip
-    master = subprocess.Popen(
-        command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    command = [a.format(port=port) for a in server] if server else gunicorn(port, *gunicorn_args)
+    master = start_server(command, port, env)
     stop = threading.Event()
 
     def client() -> None:
@@ -58,14 +44,6 @@ def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clien
 
     capture = tmp_path / "attach.jsonl"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and master.poll() is None, "gunicorn did not start"
-                time.sleep(0.1)
         threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
         for t in threads:
             t.start()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from attach.procs import end, free_port, gunicorn, park, start_server
 from hooks.apps import services  # tests/hooks/apps: the local services the tests use
 from latprof.collectors import pyspy
 from latprof.layers import APP, DB_POOL, LOCK
@@ -15,18 +15,6 @@ from latprof.stacks import Frame, classify_count
 
 pytestmark = pytest.mark.slow  # real processes, sampled from outside
 
-SCENARIOS = Path(__file__).with_name("scenarios.py")
-
-
-def park(name: str) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, str(SCENARIOS), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("READY "):
-        proc.kill()
-        _, err = proc.communicate()
-        pytest.fail(f"scenario {name} did not get into its state: {line!r} {err}")
-    return proc, int(line.split()[1])
 
 
 @pytest.mark.parametrize("scenario, layer", [("lock_wait", LOCK), ("sqlalchemy_pool_wait", DB_POOL), ("cpu", APP)])
@@ -41,8 +29,7 @@ def test_a_window_of_a_parked_thread_is_all_its_layer(scenario, layer):
         window = pyspy.record_window(proc.pid, seconds=1, rate=100)
     finally:
         channels.stop()
-        proc.kill()
-        proc.communicate()
+        end(proc)
     mine = [c for c in window.counts if c.tid == tid]
     samples = sum(c.count for c in mine)
     assert 60 <= samples <= 110, window.counts  # 100 Hz over a second, give or take the machine
@@ -80,22 +67,14 @@ def test_samples_without_a_signature_are_shared_out_over_the_wait_channels():
 def test_a_gunicorn_master_and_its_workers_are_sampled_apart():
     """Attached to the master of 2 sync workers kept busy with CPU-bound requests: a window per
     process per second, the workers' request threads running the app, the master idle."""
-    import socket
     import threading
     import time
     import urllib.request
 
     from latprof.stacks import BUSY, IDLE, classify
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    root = Path(__file__).resolve().parents[2]
-    master = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "tests.hooks.apps.wsgi_app:app", "-b", f"127.0.0.1:{port}", "-w", "2",
-         "--no-control-socket", "--log-level", "warning"],
-        cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    port = free_port()
+    master = start_server(gunicorn(port, "-w", "2"), port)
     stop = threading.Event()
 
     def client() -> None:
@@ -107,13 +86,6 @@ def test_a_gunicorn_master_and_its_workers_are_sampled_apart():
 
     try:
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and master.poll() is None, "gunicorn did not start"
-                time.sleep(0.1)
         clients = [threading.Thread(target=client, daemon=True) for _ in range(2)]
         for c in clients:
             c.start()

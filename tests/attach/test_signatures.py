@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from attach.procs import SCENARIOS, end, ready, start_scenario
 from hooks.apps import services  # tests/hooks/apps: the local services the tests use
 from latprof.collectors import pyspy
 from latprof.layers import APP, DB_POOL, DB_QUERY, HTTP_POOL, LOCK, PROVIDER, RETRY, TOOL
@@ -23,7 +23,6 @@ from latprof.stacks import BUSY, IDLE, classify
 
 pytestmark = pytest.mark.slow  # real processes, sampled from outside
 
-SCENARIOS = Path(__file__).with_name("scenarios.py")
 
 #: openai 3.x runs on httpx2/httpcore2, 2.x on httpx/httpcore (the older-lines session checks 2.x).
 try:
@@ -71,24 +70,12 @@ def parked():
     reason = services.pg_unreachable()
     if reason is not None:
         services.missing(reason, "PostgreSQL is")
-    procs = {
-        name: subprocess.Popen([sys.executable, str(SCENARIOS), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for name in EXPECTED
-    }
+    procs = {name: start_scenario(name) for name in EXPECTED}  # all at once: each takes a while to get there
     try:
-        ready = {}
-        for name, proc in procs.items():
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # the scenario gives up on its own if it cannot get there
-            if not line.startswith("READY "):
-                proc.kill()
-                pytest.fail(f"scenario {name} did not get into its state: {line!r} {proc.stderr.read() if proc.stderr else ''}")
-            ready[name] = (proc.pid, int(line.split()[1]))
-        yield ready
+        yield {name: (proc.pid, ready(name, proc)) for name, proc in procs.items()}
     finally:
         for proc in procs.values():
-            proc.kill()
-            proc.communicate()  # reaps it and closes its pipes
+            end(proc)
 
 
 def test_the_scenarios_cover_every_state():
