@@ -79,7 +79,11 @@ def test_gthread_threads_waiting_for_a_small_psycopg_pool_give_db_pool(tmp_path)
     assert (verdict["layer"], verdict["rule"]) == ("db.pool", "db-pool-exhaustion"), verdict
     (finding,) = [f for f in report["findings"] if f["rule"] == "db-pool-exhaustion"]
     evidence = finding["evidence"]
-    assert evidence["share_of_busy_time"] >= 0.4 and evidence["signatures"] == {"psycopg_pool.wait": evidence["samples"]}
+    assert evidence["share_of_busy_time"] >= 0.4
+    # every db.pool sample is psycopg_pool's checkout: its wait, or a sample caught entering or leaving it in getconn
+    signatures = evidence["signatures"]
+    assert set(signatures) <= {"psycopg_pool.wait", "psycopg_pool.getconn"} and sum(signatures.values()) == evidence["samples"]
+    assert signatures["psycopg_pool.wait"] >= 0.95 * evidence["samples"]
     assert evidence["connections_established_peak"] == {"127.0.0.1:5432": 2}  # the pool's 2 connections, all open
     assert report["collection"]["workers"] == 6 and report["collection"]["idle_share"] < 0.1
 
