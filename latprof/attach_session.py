@@ -30,7 +30,7 @@ from latprof.capture.writer import CaptureWriter
 from latprof.events import Frame as EventFrame
 from latprof.events import Gauge, QualityRecord, StackSample
 from latprof.semconv import NOTE_WARNING
-from latprof.stacks import BUSY, by_wait_channel, match, share_out
+from latprof.stacks import BUSY, Classification, by_wait_channel, match, share_out
 
 # `latprof.collectors` is installed from collectors/ (a package-dir mapping mypy does not follow)
 pyspy: Any = importlib.import_module("latprof.collectors.pyspy")
@@ -125,25 +125,13 @@ class AttachSession:
 
     def _window(self, window: Any) -> None:
         self.channels.watch(window.pid)
-        wchans = self.channels.between(window.pid, window.start_ns, window.end_ns)
-        events = []
-        total = 0
+        classified = classify_window(window, self.channels.between(window.pid, window.start_ns, window.end_ns))
+        events = [e for e, _ in classified]
+        total = sum(e.weight for e in events)
         busy: dict[str, int] = {}  # busy samples by layer, for the progress line
-        for c in window.counts:
-            frames = tuple(EventFrame(f.name, f.file) for f in c.frames)
-            total += c.count
-            found = match(c.frames)
-            seen = wchans.get(c.tid)
-            if found is not None or not seen:
-                events.append(StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, False, None, c.count))
-                if found is not None and found.state == BUSY and found.layer is not None:
-                    busy[found.layer] = busy.get(found.layer, 0) + c.count
-                continue
-            for w, n in share_out(c.count, seen):
-                events.append(StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, n))
-                layer = by_wait_channel(w, w == "0").layer  # what the analysis makes of this event
-                if layer is not None:
-                    busy[layer] = busy.get(layer, 0) + n
+        for e, c in classified:
+            if c.state == BUSY and c.layer is not None:
+                busy[c.layer] = busy.get(c.layer, 0) + e.weight
         for e in events:
             self.writer.emit(e)
         with self._lock:
@@ -182,6 +170,28 @@ class AttachSession:
         except Exception as exc:  # the stacks go on without /proc; say so in the capture
             self._proc_started.set()
             self.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), self.pid, f"/proc polling stopped: {type(exc).__name__}: {exc}"))
+
+
+def classify_window(window: Any, wchans: dict[int, dict[str, int]]) -> list[tuple[StackSample, Classification]]:
+    """One py-spy window's stacks as capture events, each with what it says (`latprof.stacks`).
+
+    A stack a signature explains is one event; a stack none explains (a C call that left no
+    frame) is shared out over the wait channels its thread was seen in during the window
+    (`wchans`: tid -> wait channel -> readings), one event per channel, each classified by it.
+    What `latprof attach` writes and what `latprof top` shows are made here, alike."""
+    out: list[tuple[StackSample, Classification]] = []
+    for c in window.counts:
+        frames = tuple(EventFrame(f.name, f.file) for f in c.frames)
+        found = match(c.frames)
+        seen = wchans.get(c.tid)
+        if found is not None or not seen:
+            sample = StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, False, None, c.count)
+            out.append((sample, found if found is not None else by_wait_channel(None, False)))
+            continue
+        for w, n in share_out(c.count, seen):
+            out.append((StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, n),
+                        by_wait_channel(w, w == "0")))  # fmt: skip
+    return out
 
 
 class _EverySecond:

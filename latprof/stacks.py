@@ -161,7 +161,31 @@ _INNERMOST_ONLY = frozenset({"executor.idle", "anyio.worker_idle", "asyncio.sele
 #: waits for there.
 _WCHAN_LOCK = ("futex",)
 _WCHAN_SLEEP = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep")
-_WCHAN_SOCKET = ("poll_schedule_timeout", "wait_woken", "sk_wait_data", "do_select", "do_sys_poll", "ep_poll", "do_epoll_wait")
+_WCHAN_SOCKET = ("poll_schedule_timeout", "wait_woken", "sk_wait_data", "do_select", "do_sys_poll")
+#: An epoll wait no Python frame explains is an event loop in native code waiting for events:
+#: uvloop (libuv) leaves `Runner.run` innermost while idle, where the stock loop has a
+#: `selectors.py` frame.
+_WCHAN_EPOLL = ("do_epoll_wait", "ep_poll")
+
+#: Frames under which a thread runs an asyncio event loop (stock or uvloop: uvloop's own loop is
+#: native, so only the runner is left; 3.10 names are bare, `run`).
+LOOP_FRAMES = (
+    ("asyncio/base_events.py", "BaseEventLoop.run_forever"),
+    ("asyncio/runners.py", "Runner.run"),
+    ("asyncio/runners.py", "run"),
+)
+
+
+def event_loop_thread(frames: Sequence[Any]) -> bool:
+    """Whether a stack (frames with `.file`/`.name`, or capture frames with `.filename`/`.function`)
+    is an event loop's thread: whatever runs on top of it holds the loop."""
+    for f in frames:
+        file = getattr(f, "file", None) or getattr(f, "filename", "")
+        name = _tail(getattr(f, "name", None) or getattr(f, "function", ""))
+        for suffix, wanted in LOOP_FRAMES:
+            if (file == suffix or file.endswith("/" + suffix)) and name == _tail(wanted):
+                return True
+    return False
 
 
 def frames_from_pyspy(thread: Mapping[str, Any]) -> list[Frame]:
@@ -289,6 +313,8 @@ def by_wait_channel(wchan: str | None, active: bool | None) -> Classification:
         return Classification(BUSY, LOCK, "wchan.futex", wchan=w)
     if w.startswith(_WCHAN_SLEEP):
         return Classification(BUSY, None, "wchan.sleep", wchan=w)
+    if w.startswith(_WCHAN_EPOLL):
+        return Classification(IDLE, None, "wchan.epoll", wchan=w)
     if w.startswith(_WCHAN_SOCKET):
         return Classification(BUSY, None, "wchan.socket", wchan=w)
     return Classification(BUSY, None, "wchan.other", wchan=w)
