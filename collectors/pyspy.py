@@ -268,6 +268,10 @@ class WaitChannels:
                         readings = self._readings.setdefault(key, self._deque(maxlen=self._keep))
                     readings.append((now, value))
 
+    def readings(self, pid: int, tid: int, start_ns: int, end_ns: int) -> list[tuple[int, str]]:
+        """Thread `tid` of `pid`'s readings (time, wait channel) in [start_ns, end_ns), oldest first."""
+        return [(ts, value) for ts, value in list(self._readings.get((pid, tid), ())) if start_ns <= ts < end_ns]
+
     def between(self, pid: int, start_ns: int, end_ns: int) -> dict[int, dict[str, int]]:
         """{tid: {wait channel: readings}} of `pid`'s threads in [start_ns, end_ns)."""
         found: dict[int, dict[str, int]] = {}

@@ -32,9 +32,10 @@ from typing import Any, Iterable
 
 from latprof.engine import Finding, fingerprint, parse_doc_sections
 from latprof.events import StackSample
-from latprof.layers import APP, DB_POOL, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
+from latprof.attach_wire import HELD_MS, Backends, LoopState, WireState, backends, loop_state, wire_state
+from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
 from latprof.report import LayerRow, Report, Verdict, WindowRow
-from latprof.stacks import BUSY, IDLE, Classification, Frame, classify
+from latprof.stacks import BUSY, IDLE, Classification, Frame, classify, event_loop_thread
 from latprof.timeline import Timeline
 
 #: Workers idle less than this share of their samples are all busy.
@@ -60,6 +61,10 @@ TASK_FRAME = ("concurrent/futures/thread.py", "run")  # _WorkItem.run
 WORKER_IDLE = frozenset({"gunicorn.sync_idle", "executor.idle", "anyio.worker_idle"})
 #: A worker waiting for work it handed to other threads: its time is theirs (they are sampled too).
 HANDOFF = frozenset({"future.result", "future.wait"})
+#: Event loops of a server's own housekeeping (not serving requests).
+HOUSEKEEPING_LOOPS = (("gunicorn/ctl/server.py", "_run_loop"),)
+#: How an event loop thread waits for events (stock asyncio's selector, uvloop's native epoll).
+LOOP_IDLE = frozenset({"asyncio.select", "wchan.epoll"})
 
 #: The rule whose id and fix a finding of each layer carries.
 _RULES = {
@@ -88,15 +93,35 @@ class AttachAnalysis:
     backlog_seconds_share: float = 0.0
     #: per second of the capture: busy workers, their top layer, accept queue, accepted connections
     seconds_rows: list[dict[str, Any]] = field(default_factory=list)
+    #: event loop threads among the workers (an asyncio server), their state, the socket census,
+    #: the database's view of the target's backends (`latprof.attach_wire`)
+    loop: LoopState | None = None
+    wire: WireState | None = None
+    backends: Backends | None = None
+    #: what held the loop: the classification of its busy samples (layer, or signature when none)
+    held_by: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def asyncio(self) -> bool:
+        """An asyncio server seen by its socket census: its layers are request time on the wire."""
+        return self.loop is not None and self.wire is not None
+
+    def _time(self, layer: str) -> float:
+        if self.asyncio:
+            assert self.wire is not None
+            return self.wire.request_s.get(layer, 0.0)
+        return self.queue_s if layer == QUEUE else self.busy_s.get(layer, 0.0)
 
     @property
     def total_s(self) -> float:
+        if self.asyncio:
+            assert self.wire is not None
+            return sum(self.wire.request_s.values())
         return sum(self.busy_s.values()) + self.queue_s
 
     def share(self, layer: str) -> float:
         total = self.total_s
-        value = self.queue_s if layer == QUEUE else self.busy_s.get(layer, 0.0)
-        return value / total if total > 0 else 0.0
+        return self._time(layer) / total if total > 0 else 0.0
 
     @property
     def idle_share(self) -> float | None:
@@ -168,6 +193,12 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
         key for key, seen in by_thread.items()
         if key not in workers and any(c.state == BUSY and _has(s.frames, (TASK_FRAME,)) for s, c in seen)
     }  # fmt: skip
+    # Event loop threads serve requests too (an asyncio server), busy or not; what runs on them holds the loop.
+    loops = {
+        key for key, seen in by_thread.items()
+        if any(event_loop_thread(s.frames) for s, _ in seen) and not any(_has(s.frames, HOUSEKEEPING_LOOPS) for s, _ in seen)
+    }  # fmt: skip
+    workers |= loops
     if not workers:  # an unknown server: every thread that worked
         workers = {key for key, seen in by_thread.items() if any(c.state == BUSY for _, c in seen)} - helpers
     busy: Counter[str] = Counter()
@@ -177,18 +208,23 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
     second_busy: dict[int, Counter[tuple[int, int]]] = {}  # second -> worker -> busy samples
     second_seen: dict[tuple[int, int], Counter[int]] = {}  # worker -> second -> samples (busy or idle)
     second_layers: dict[int, Counter[str]] = {}
+    held_by: Counter[str] = Counter()
     for key in workers | helpers:
         helper = key in helpers
+        loop = key in loops
         for s, c in by_thread[key]:
             if not helper:
                 second_seen.setdefault(key, Counter())[s.ts_ns // 1_000_000_000] += s.weight
             if c.state == IDLE:
-                if not helper and c.signature in WORKER_IDLE:
+                if not helper and (c.signature in WORKER_IDLE or (loop and c.signature in LOOP_IDLE)):
                     idle += s.weight
                 continue
             if c.signature in HANDOFF:  # waiting for a task another sampled thread runs
                 continue
             layer = c.layer or UNATTRIBUTED
+            if loop:  # whatever runs on the loop's thread holds the loop: every other request waits
+                held_by[c.layer or c.signature] += s.weight
+                layer = EVENT_LOOP
             busy[layer] += s.weight
             signatures.setdefault(layer, Counter())[c.signature] += s.weight
             hot.setdefault(layer, Counter())[_app_frame(s)] += s.weight
@@ -222,6 +258,15 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
         signatures, hot, backlog, connections,
     )  # fmt: skip
     aa.backlog_seconds_share = len(backlog_seconds) / len(all_seconds) if all_seconds else 0.0
+    aa.held_by = held_by
+    if loops:
+        aa.loop = loop_state(timeline, len(loops), seconds)
+        db_server = header.get("db_server")
+        extra_db = {(str(db_server[0]), int(db_server[1]))} if isinstance(db_server, list) and len(db_server) == 2 else set()
+        # a threaded server beside the loop (sync endpoints in worker threads) keeps the stack-based view
+        threaded = any(c.state == BUSY for key in workers - loops for _, c in by_thread[key])
+        aa.wire = None if threaded else wire_state(timeline, aa.loop, extra_db)
+    aa.backends = backends(timeline)
     queue_by_second: dict[int, list[float]] = {}
     for g in timeline.gauges.get("accept.queue_depth", ()):
         queue_by_second.setdefault(g.ts_ns // 1_000_000_000, []).append(g.value)
@@ -273,14 +318,14 @@ def _fix(rule_id: str) -> str:
 
 def _per_second_ms(aa: AttachAnalysis, layer: str) -> float:
     """The layer's time per second of the capture, in ms (busy worker threads in it, or waiting connections, x 1000)."""
-    value = aa.queue_s if layer == QUEUE else aa.busy_s.get(layer, 0.0)
-    return value / aa.seconds * 1000 if aa.seconds else 0.0
+    return aa._time(layer) / aa.seconds * 1000 if aa.seconds else 0.0
 
 
 def attach_findings(aa: AttachAnalysis) -> list[Finding]:
     """Attach mode's findings: impact_ms is the layer's time per second of the capture."""
     findings = []
-    for layer in (*_RULES, APP):
+    # an asyncio server's layers are request time on the wire: its findings are the loop's and the census's
+    for layer in () if aa.asyncio else (*_RULES, APP):
         share = aa.share(layer)
         if share < MIN_VERDICT_SHARE and (layer == QUEUE or busy_share(aa, layer) < MIN_VERDICT_SHARE):
             continue
@@ -325,8 +370,118 @@ def attach_findings(aa: AttachAnalysis) -> list[Finding]:
             rule_id, layer, "critical" if share >= 0.5 else "warning", round(min(1.0, share * 2), 3),
             round(_per_second_ms(aa, layer), 1), summary + ".", evidence, fix, fingerprint(rule_id, layer, "attach"),
         ))  # fmt: skip
+    findings += _loop_findings(aa) + _wire_findings(aa)
     findings.sort(key=lambda f: -f.impact_ms)
     return findings
+
+
+def _loop_findings(aa: AttachAnalysis) -> list[Finding]:
+    """A held event loop: its busy share, blocked intervals and the stacks that held it."""
+    loop = aa.loop
+    if loop is None or not loop.held:
+        return []
+    evidence: dict[str, Any] = {
+        **loop.evidence(),
+        "held_by": dict(aa.held_by.most_common(5)),
+        "signatures": dict(aa.signatures.get(EVENT_LOOP, Counter()).most_common(5)),
+        "hot_frames": dict(aa.hot_frames.get(EVENT_LOOP, Counter()).most_common(3)),
+        "samples": round(aa.busy_s.get(EVENT_LOOP, 0.0) * aa.rate_hz),
+        "source": "wait channels and stack samples of the loop thread",
+    }
+    if aa.wire is not None:
+        evidence["requests_in_flight_mean"] = round(aa.wire.in_flight_mean, 2)
+    busy = loop.busy_share or 0.0
+    summary = f"The event loop was held {busy:.0%} of the time"
+    if loop.blocked_ms:
+        summary += (f", {len(loop.blocked_ms)} times for 100 ms or more without a pause for events"
+                    f" (longest {max(loop.blocked_ms):.0f} ms)")  # fmt: skip
+    top = aa.hot_frames.get(EVENT_LOOP)
+    if top:
+        what = aa.held_by.most_common(1)[0][0] if aa.held_by else ""
+        summary += f", mostly at {top.most_common(1)[0][0]}" + (f" ({_held_words(what)})" if what else "")
+    summary += "; every other request on the loop waited meanwhile"
+    share = aa.share(EVENT_LOOP) if aa.asyncio else busy
+    return [Finding(
+        "event-loop-blocked", EVENT_LOOP, "critical" if busy >= 0.5 else "warning", round(min(1.0, max(busy, loop.blocked_share * 5)), 3),
+        round(busy * 1000, 1), summary + ".", {**evidence, "share_of_request_time": round(share, 4)}, _fix("event-loop-blocked"),
+        fingerprint("event-loop-blocked", EVENT_LOOP, "attach"),
+    )]  # fmt: skip
+
+
+def _held_words(what: str) -> str:
+    return {
+        APP: "running Python on the CPU", "wchan.sleep": "a blocking sleep", "wchan.socket": "blocking socket I/O",
+        LOCK: "a blocking lock", "db.query": "a blocking database call", "waiting": "a blocking call",
+    }.get(what, what)  # fmt: skip
+
+
+def _wire_findings(aa: AttachAnalysis) -> list[Finding]:
+    """Requests of an asyncio service waiting beyond a stable ceiling of DB connections (census),
+    with the database's view of those connections when `--db` was given."""
+    wire, pg = aa.wire, aa.backends
+    if wire is None or not wire.pool_inferred or (aa.loop is not None and aa.loop.held):
+        return []
+    db = ", ".join(f"{e.address}:{e.port}" for e in wire.db_endpoints())
+    elsewhere = wire.outstanding_mean()
+    summary = (
+        f"{wire.in_flight_mean:.0f} requests were in flight on average but the service kept a stable ceiling of"
+        f" {wire.db_ceiling} connections to {db} ({wire.db_ceiling_share:.0%} of the seconds at it), {elsewhere:.1f}"
+        f" were awaiting other endpoints and {wire.mean({s: sum(e.pending.get(s, 0.0) for e in wire.db_endpoints()) for s in wire.seconds}):.1f}"
+        f" the database: about {wire.waiting_mean:.0f} waited inside the process on nothing the wire shows, most likely for"
+        " one of those connections"
+    )  # fmt: skip
+    evidence: dict[str, Any] = {**wire.evidence(), "inferred": True, "share_of_request_time": round(aa.share(DB_POOL), 4)}
+    confidence = 0.5
+    if pg is not None and pg.readings:
+        evidence["pg_stat_activity"] = pg.evidence()
+        if pg.held_share >= 0.5:
+            confidence = 0.8
+            top_state = pg.states.most_common(1)[0][0]
+            summary += (
+                f"; pg_stat_activity shows those connections {top_state} {pg.states[top_state] / pg.readings:.0%} of the"
+                f" time (median {pg.evidence()['idle_age_ms_p50']:g} ms since their last statement): they are held across"
+                " something else, often the LLM call, while other requests wait for them"
+            )  # fmt: skip
+        else:
+            summary += f"; pg_stat_activity shows them busy ({pg.held_share:.0%} of readings idle for {HELD_MS:g} ms or more)"
+    else:
+        summary += " (inferred from the sockets; `--db DSN` reads the connections' state in pg_stat_activity)"
+    return [Finding(
+        "db-pool-exhaustion", DB_POOL, "critical" if aa.share(DB_POOL) >= 0.5 else "warning", confidence,
+        round(_per_second_ms(aa, DB_POOL), 1), summary + ".", evidence, _fix("db-pool-exhaustion"),
+        fingerprint("db-pool-exhaustion", DB_POOL, "attach"),
+    )]  # fmt: skip
+
+
+def _async_verdict(aa: AttachAnalysis, findings: list[Finding], where: str) -> Verdict | None:
+    """An asyncio server's verdict (None: decide as for a threaded one): a held loop, a pool the
+    census (and pg_stat_activity) points at, requests waiting on nothing visible (unattributed),
+    or null."""
+    if aa.loop is None:
+        return None
+    held = next((f for f in findings if f.layer == EVENT_LOOP), None)
+    if held is not None:
+        return Verdict(EVENT_LOOP, held.rule, round(aa.share(EVENT_LOOP), 4) if aa.asyncio else None, held.confidence,
+                       held.summary, "layer")  # fmt: skip
+    wire = aa.wire
+    if wire is None:  # no census (or a threaded server beside the loop): the stack-based view decides
+        return None
+    pool = next((f for f in findings if f.layer == DB_POOL), None)
+    if pool is not None:
+        return Verdict(DB_POOL, pool.rule, round(aa.share(DB_POOL), 4), pool.confidence, pool.summary, "layer")
+    total = sum(wire.in_flight.values())
+    if wire.saturated:
+        return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
+                       f"{wire.in_flight_mean:.0f} requests were in flight on average and about {wire.waiting_mean:.0f} of"
+                       f" them (for {wire.in_flight_age_ms:.0f} ms and more, the median) waited inside the process on nothing visible from outside (not the loop, which was free,"
+                       " and not a stable ceiling of DB connections): an asyncio service's suspended tasks leave no"
+                       " stack. Run it under `latprof run` so in-process hooks time each request's pool waits, locks and"
+                       f" calls. Request time: {where}.", "unattributed")  # fmt: skip
+    return Verdict(None, None, None, 1.0 if total else 0.0,
+                   f"Not saturated: the event loop was free {1 - (aa.loop.busy_share or 0):.0%} of the time and"
+                   f" {wire.in_flight_mean:.1f} requests were in flight on average, waiting on the wire"
+                   f" ({wire.outstanding_mean():.1f} at outbound endpoints); request time went to {where}.",
+                   "no_tail")  # fmt: skip
 
 
 #: Layers in which busy workers wait for something the service itself limits: when one of them
@@ -351,6 +506,10 @@ def attach_verdict(aa: AttachAnalysis, findings: list[Finding]) -> Verdict:
     ranked = sorted(((aa.share(layer), layer) for layer in LAYERS if aa.share(layer) > 0), reverse=True)
     where = ", ".join(f"{layer} {share:.0%}" for share, layer in ranked[:3]) or "nothing was sampled"
     waiting = max(((busy_share(aa, layer), layer) for layer in WAITING), default=(0.0, ""))
+    if waiting[0] < MIN_VERDICT_SHARE:  # no pool or lock that sync workers wait in: an asyncio server decides its own way
+        decided = _async_verdict(aa, findings, where)
+        if decided is not None:
+            return decided
     layer = None
     if waiting[0] >= MIN_VERDICT_SHARE:  # workers queue for a pool or a lock: that resource is saturated
         layer = waiting[1]
@@ -393,7 +552,24 @@ def build_attach_report(aa: AttachAnalysis, findings: list[Finding]) -> Report:
         for layer in LAYERS if aa.share(layer) > 0
     ]  # fmt: skip
     layers.sort(key=lambda r: -r.share_of_tail_excess)
-    covered = sum(v for k, v in aa.busy_s.items() if k != UNATTRIBUTED) + aa.queue_s
+    covered = aa.total_s - aa._time(UNATTRIBUTED)
+    extra: dict[str, Any] = {}
+    if aa.loop is not None:
+        extra["event_loop"] = {**aa.loop.evidence(), "held_by": dict(aa.held_by.most_common(5))}
+    if aa.wire is not None:
+        extra["census"] = aa.wire.evidence()
+    if aa.backends is not None:
+        extra["db_backends"] = aa.backends.evidence()
+
+    def second_extra(row: dict[str, Any]) -> dict[str, Any]:
+        more = {"workers": aa.workers, "busy_workers": row["busy_workers"], "top_layer": row["top_layer"],
+                "accept_queue": row["accept_queue"]}  # fmt: skip
+        if aa.loop is not None:
+            more["loop_busy_share"] = aa.loop.busy_by_second.get(row["second"])
+        if aa.wire is not None:
+            more["requests_in_flight"] = aa.wire.in_flight.get(row["second"])
+        return more
+
     return Report(
         source={"kind": "attach", "inputs": list(timeline.inputs), "pid": header.get("target_pid"), "pids": pids},
         window={
@@ -406,9 +582,7 @@ def build_attach_report(aa: AttachAnalysis, findings: list[Finding]) -> Report:
         verdict=attach_verdict(aa, findings),
         findings=findings,
         p99_over_time=[
-            WindowRow(float(row["second"]), None if row["accepted"] is None else int(row["accepted"]), None,
-                      {"workers": aa.workers, "busy_workers": row["busy_workers"], "top_layer": row["top_layer"],
-                       "accept_queue": row["accept_queue"]})
+            WindowRow(float(row["second"]), None if row["accepted"] is None else int(row["accepted"]), None, second_extra(row))
             for row in aa.seconds_rows
         ],  # fmt: skip
         window_s=1.0,
@@ -421,6 +595,7 @@ def build_attach_report(aa: AttachAnalysis, findings: list[Finding]) -> Report:
             "workers": aa.workers,
             "overhead": {"cpu_percent": None, "added_ms_per_request": None},
             "warnings": [q.message for q in timeline.quality if q.kind == "warning"],
+            **extra,
         },
     )
 

@@ -27,14 +27,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from latprof.capture.writer import CaptureWriter
+from latprof.errors import InputError
 from latprof.events import Frame as EventFrame
 from latprof.events import Gauge, QualityRecord, StackSample
+from latprof.attach_wire import DB_PORTS
 from latprof.semconv import NOTE_WARNING
-from latprof.stacks import BUSY, Classification, by_wait_channel, match, share_out
+from latprof.stacks import BUSY, Classification, by_wait_channel, event_loop_thread, loop_waiting, match, share_out
 
 # `latprof.collectors` is installed from collectors/ (a package-dir mapping mypy does not follow)
 pyspy: Any = importlib.import_module("latprof.collectors.pyspy")
 procfs: Any = importlib.import_module("latprof.collectors.procfs")
+sockdiag: Any = importlib.import_module("latprof.collectors.sockdiag")
+pg_activity: Any = importlib.import_module("latprof.collectors.pg_activity")
 
 #: How often /proc is read for the accept queue (its depth changes faster than once a second).
 POLL_S = 0.1
@@ -46,6 +50,18 @@ GAUGE_CONNECTIONS = "connections.established"
 GAUGE_THREAD_CPU = "thread.cpu_percent"
 GAUGE_CTX_VOLUNTARY = "process.context_switches.voluntary"
 GAUGE_CTX_INVOLUNTARY = "process.context_switches.involuntary"
+#: An event loop thread's share of wait-channel readings in which something held the loop (per window).
+GAUGE_LOOP_BUSY = "event_loop.busy_share"
+#: One interval of at least `BLOCK_MS` in which the loop never waited for events: value its length in ms.
+GAUGE_LOOP_BLOCKED = "event_loop.blocked_ms"
+
+#: An outbound connection that received data this recently has an answer in progress (a stream):
+#: an LLM stream's role chunk comes right after the headers and its first token may take seconds.
+RECEIVING_MS = 1000
+
+#: A loop held this long without waiting for events once is blocked (asyncio debug mode's
+#: `slow_callback_duration` is 100 ms too).
+BLOCK_MS = 100.0
 
 
 @dataclass
@@ -72,6 +88,7 @@ class AttachSession:
         duration_s: float,
         rate: int = 100,
         subprocesses: bool = True,
+        db: str | None = None,
         on_progress: Callable[[AttachStats], None] | None = None,
     ) -> None:
         self.pid = pid
@@ -83,11 +100,14 @@ class AttachSession:
         self.stats = AttachStats()
         self._lock = threading.Lock()
         self._proc_started = threading.Event()
-        self.writer = CaptureWriter(
-            out, source="attach", header_extra={"collectors": ["py-spy", "procfs"], "target_pid": pid, "rate_hz": rate}
-        )
+        #: `--db DSN`: the target's PostgreSQL backends from pg_stat_activity (opened in `run`)
+        self.pg = pg_activity.PgActivity(db) if db else None
+        self._header = {"collectors": ["py-spy", "procfs", "sock_diag"] + (["pg_stat_activity"] if db else []),
+                        "target_pid": pid, "rate_hz": rate}  # fmt: skip
+        self.writer: Any = None  # opened in `run`, once the target and the database are known to be there
         self.channels = pyspy.WaitChannels(hz=min(rate, 100))
         self.sampler = pyspy.Sampler(pid, self._window, rate=rate, subprocesses=subprocesses)
+        self.loops = LoopWatch(self.channels)
 
     def stop(self) -> None:
         """End early (Ctrl-C): what was sampled so far is kept."""
@@ -95,9 +115,17 @@ class AttachSession:
 
     def run(self) -> AttachStats:
         if not os.path.exists(f"/proc/{self.pid}"):
-            self.writer.close()
             raise pyspy.SamplerError(f"no process with PID {self.pid}")
         pyspy.dump(self.pid)  # fails early and clearly: not Python, not permitted, py-spy missing
+        if self.pg is not None:
+            self.pg.open()  # a bad DSN fails here, before any capture is written
+            self._header["db_server"] = list(self.pg.server())
+        try:
+            self.writer = CaptureWriter(self.out, source="attach", header_extra=self._header)
+        except OSError as exc:
+            if self.pg is not None:
+                self.pg.close()
+            raise InputError(f"{self.out}: cannot write: {exc.strerror or exc}") from None
         for pid in self.sampler.processes():
             self.channels.watch(pid)
         self.channels.start()
@@ -113,12 +141,16 @@ class AttachSession:
             with self._lock:
                 self.stats.exited = list(self.sampler.exited)
                 self.stats.errors = list(self.sampler.errors)
+            for g in self.loops.close():
+                self.writer.emit(g)
             now = time.time_ns()
             for message in self.stats.errors:
                 self.writer.emit(QualityRecord(NOTE_WARNING, now, self.pid, message))
             if self.pid in self.stats.exited:
                 self.writer.emit(QualityRecord(NOTE_WARNING, now, self.pid, f"PID {self.pid} exited during the capture"))
             self.writer.close()
+            if self.pg is not None:
+                self.pg.close()
         return self.stats
 
     # -- stacks -------------------------------------------------------------------------------
@@ -134,6 +166,8 @@ class AttachSession:
                 busy[c.layer] = busy.get(c.layer, 0) + e.weight
         for e in events:
             self.writer.emit(e)
+        for g in self.loops.window(window, classified):
+            self.writer.emit(g)
         with self._lock:
             for layer, n in busy.items():
                 self.stats.layers[layer] = self.stats.layers.get(layer, 0) + n
@@ -153,17 +187,21 @@ class AttachSession:
             counter = procfs.AcceptCounter(self.pid, ports)
             counter.poll()
             seconds = _EverySecond(self, ports)
+            wire = _Wire(self, ports)
             next_second = time.monotonic() + 1.0
             accepted = 0
             while True:  # a reading at once, then one every POLL_S until the sampling stops
                 now = time.time_ns()
                 for port, depth in procfs.accept_queues(self.pid, ports).items():
                     self.writer.emit(Gauge(GAUGE_ACCEPT_QUEUE, depth, now, self.pid, {"server.port": port}))
+                wire.poll(pids)
                 self._proc_started.set()  # the first reading is in: sampling may begin
                 accepted += counter.poll()
                 if time.monotonic() >= next_second:
                     next_second += 1.0
+                    pids = self.sampler.processes() or pids
                     seconds.read(now, accepted)
+                    wire.flush(now)
                     accepted = 0
                 if self.sampler.stop_event.wait(POLL_S):
                     break
@@ -192,6 +230,153 @@ def classify_window(window: Any, wchans: dict[int, dict[str, int]]) -> list[tupl
             out.append((StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, n),
                         by_wait_channel(w, w == "0")))  # fmt: skip
     return out
+
+
+class LoopWatch:
+    """The state of every event loop thread, from its wait channel readings (taken at the
+    sampling rate, each timestamped): after each py-spy window of a process, the busy share of
+    each of its loop threads since the last one (`event_loop.busy_share`) and each interval of
+    at least `BLOCK_MS` in which the loop never waited for events (`event_loop.blocked_ms`,
+    stamped with its start). A thread is a loop thread once a stack of it shows a loop's runner
+    (`stacks.event_loop_thread`); stock asyncio and uvloop alike wait in epoll when free."""
+
+    def __init__(self, channels: Any) -> None:
+        self.channels = channels
+        self.threads: dict[tuple[int, int], int] = {}  # loop thread -> readings consumed up to (ns)
+        self.open: dict[tuple[int, int], tuple[int, int]] = {}  # loop thread -> (first, last) busy reading of a run going on
+
+    def window(self, window: Any, classified: list[tuple[StackSample, Classification]]) -> list[Gauge]:
+        for e, _ in classified:
+            key = (e.pid, e.tid)
+            if key not in self.threads and event_loop_thread(e.frames):
+                self.threads[key] = window.start_ns
+        gauges = []
+        for (pid, tid), since in list(self.threads.items()):
+            if pid != window.pid:
+                continue
+            readings = self.channels.readings(pid, tid, since, window.end_ns)
+            self.threads[(pid, tid)] = window.end_ns
+            if not readings:
+                continue
+            busy = 0
+            run = self.open.pop((pid, tid), None)
+            for ts, value in readings:
+                if loop_waiting(value):
+                    if run is not None:
+                        gauges += self._blocked(pid, tid, run)
+                        run = None
+                    continue
+                busy += 1
+                run = (ts, ts) if run is None else (run[0], ts)
+            if run is not None:
+                self.open[(pid, tid)] = run
+            attrs = {"thread.id": tid, "latprof.readings": len(readings)}
+            gauges.append(Gauge(GAUGE_LOOP_BUSY, round(busy / len(readings), 4), since, pid, attrs))
+        return gauges
+
+    def close(self) -> list[Gauge]:
+        """The intervals still going on when the capture ends (a loop held to the last reading)."""
+        gauges = []
+        for (pid, tid), run in self.open.items():
+            gauges += self._blocked(pid, tid, run)
+        self.open.clear()
+        return gauges
+
+    def _blocked(self, pid: int, tid: int, run: tuple[int, int]) -> list[Gauge]:
+        length_ms = (run[1] - run[0]) / 1e6 + self.channels.interval_s * 1000  # a reading stands for one interval
+        if length_ms < BLOCK_MS:
+            return []
+        return [Gauge(GAUGE_LOOP_BLOCKED, round(length_ms, 1), run[0], pid, {"thread.id": tid})]
+
+
+class _Wire:
+    """The socket census (`collectors/sockdiag.py`), read every `POLL_S` and written as the mean
+    of each second (`census.*` gauges); and with `--db`, once a second, the target's PostgreSQL
+    backends (`db.backend.state_age_ms`, one gauge per backend, its state in the attributes).
+    Either one failing is said once in the capture, and the rest goes on."""
+
+    def __init__(self, session: AttachSession, ports: set[int]) -> None:
+        self.session = session
+        self.ports = ports
+        self.sums: dict[tuple[str, Any], float] = {}
+        self.readings = 0
+        self.ages: list[int] = []  # how long each request in flight has waited for its answer, this second
+        self.db_ports: set[int] = set()  # the target's local ports of its connections to --db's server
+        self.failed = False
+        self.pg_failed = False
+        self.warned_restricted = False
+
+    def poll(self, pids: list[int]) -> None:
+        if self.failed:
+            return
+        try:
+            inodes = procfs.socket_inodes(pids)
+            sockets = sockdiag.tcp_sockets(self.session.pid)
+            census = sockdiag.census(self.session.pid, inodes, self.ports, sockets=sockets, receiving_ms=RECEIVING_MS)
+        except Exception as exc:  # the census is one signal of several: say so once and go on without it
+            self.failed = True
+            self.session.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), self.session.pid,
+                                                   f"socket census stopped: {type(exc).__name__}: {exc}"))  # fmt: skip
+            return
+        self.readings += 1
+        if len(self.ages) < 10_000:
+            self.ages += sockdiag.in_flight_ages_ms(sockets, inodes, self.ports)
+        for port, c in census.inbound.items():
+            for name in ("in_flight", "connections", "backlog"):
+                key = ("inbound." + name, port)
+                self.sums[key] = self.sums.get(key, 0.0) + getattr(c, name)
+        for endpoint, c in census.outbound.items():
+            for name in ("established", "pending", "receiving", "idle"):
+                key = ("outbound." + name, endpoint)
+                self.sums[key] = self.sums.get(key, 0.0) + getattr(c, name)
+        pg = self.session.pg
+        if pg is not None:
+            server = pg.server()
+            self.db_ports = {
+                s.local[1] for s in sockets
+                if s.inode in inodes and s.state == "ESTABLISHED" and (s.remote[0], s.remote[1]) == server
+            }  # fmt: skip
+
+    def flush(self, now: int) -> None:
+        emit, target = self.session.writer.emit, self.session.pid
+        if self.readings:
+            for (name, where), total in sorted(self.sums.items(), key=str):
+                attrs: dict[str, Any] = {"server.port": where}
+                if isinstance(where, tuple):
+                    kind = DB_PORTS.get(where[1], "http")
+                    pg = self.session.pg
+                    if pg is not None and tuple(where) == pg.server():
+                        kind = "postgresql"
+                    attrs = {"server.address": where[0], "server.port": where[1], "latprof.endpoint.kind": kind}
+                emit(Gauge("census." + name, round(total / self.readings, 3), now, target, attrs))
+        if self.ages:
+            ages = sorted(self.ages)
+            emit(Gauge("census.inbound.in_flight_age_ms", ages[len(ages) // 2], now, target, {"latprof.max_ms": ages[-1]}))
+        self.sums, self.readings, self.ages = {}, 0, []
+        self._backends(now)
+
+    def _backends(self, now: int) -> None:
+        pg = self.session.pg
+        if pg is None or self.pg_failed or not self.db_ports:
+            return
+        try:
+            found = pg.sample(self.db_ports)
+        except Exception as exc:
+            self.pg_failed = True
+            self.session.writer.emit(QualityRecord(NOTE_WARNING, now, self.session.pid,
+                                                   f"pg_stat_activity sampling stopped: {exc}"))  # fmt: skip
+            return
+        for b in found:
+            if b.state_age_ms is None:
+                continue
+            attrs = {"db.backend.state": b.state, "db.backend.pid": b.pid, "network.peer.port": b.client_port,
+                     "db.backend.xact_age_ms": b.xact_age_ms, "db.backend.wait_event": b.wait_event}  # fmt: skip
+            self.session.writer.emit(Gauge("db.backend.state_age_ms", round(b.state_age_ms, 1), now, self.session.pid, attrs))
+        if getattr(pg, "restricted", False) and not self.warned_restricted:
+            self.warned_restricted = True
+            self.session.writer.emit(QualityRecord(NOTE_WARNING, now, self.session.pid,
+                                                   "--db: the DSN's user may not see the target's backends' state"
+                                                   " (grant it pg_read_all_stats, or use the service's own user)"))  # fmt: skip
 
 
 class _EverySecond:

@@ -223,12 +223,16 @@ def run(
               help="Seconds to sample (Ctrl-C ends early and still reports).")
 @click.option("--rate", type=click.IntRange(1, 1000), default=100, show_default=True, metavar="HZ", help="Samples per second per thread.")
 @click.option("--no-subprocesses", is_flag=True, help="Sample only PID, not its Python children (workers).")
+@click.option("--db", "db", metavar="DSN", help="Also sample pg_stat_activity for the target's own PostgreSQL backends "
+              "(a libpq URL or key=value DSN; needs psycopg).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="The capture file (default latprof-attach-<time>.jsonl).")
 @_format_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
-def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, out: Path | None, fmt: str, output: Path | None) -> None:
+def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: str | None, out: Path | None, fmt: str,
+           output: Path | None) -> None:  # fmt: skip
     """Diagnose a running service from outside: sample its threads' stacks (py-spy), wait
-    channels and accept queue for a while, then name the layer that saturates it.
+    channels, event loops, accept queue and sockets for a while, then name the layer that
+    saturates it.
 
     Needs py-spy and permission to read the process (same user or root; in containers
     --cap-add SYS_PTRACE). Workers of a gunicorn master are followed unless --no-subprocesses.
@@ -238,17 +242,18 @@ def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, out: P
     from latprof.attach_session import AttachSession, pyspy
     from latprof.pipeline import run_diagnosis
 
+    from latprof.attach_session import pg_activity
+
     capture = out or Path(time.strftime("latprof-attach-%Y%m%d-%H%M%S.jsonl"))
-    try:
-        session = AttachSession(pid, str(capture), duration_s=duration_s, rate=rate, subprocesses=not no_subprocesses,
-                                on_progress=_attach_progress(duration_s))  # fmt: skip
-    except OSError as exc:
-        raise InputError(f"{capture}: cannot write: {exc.strerror or exc}") from None
+    session = AttachSession(pid, str(capture), duration_s=duration_s, rate=rate, subprocesses=not no_subprocesses, db=db,
+                            on_progress=_attach_progress(duration_s))  # fmt: skip
     previous = signal.signal(signal.SIGINT, lambda *_: session.stop())
     try:
         stats = session.run()
     except pyspy.SamplerError as exc:
         raise CollectorError(str(exc)) from None
+    except pg_activity.PgActivityError as exc:
+        raise ConfigError(f"--db: {exc}") from None
     finally:
         signal.signal(signal.SIGINT, previous)
         if sys.stderr.isatty():
@@ -275,6 +280,28 @@ def _attach_progress(duration_s: float) -> Any:
             )  # fmt: skip
 
     return progress
+
+
+@main.command()
+@click.option("--pid", type=int, required=True, help="The service's process: a gunicorn master, a worker, any Python process.")
+@click.option("--rate", type=click.IntRange(1, 1000), default=100, show_default=True, metavar="HZ", help="Samples per second per thread.")
+@click.option("--no-subprocesses", is_flag=True, help="Sample only PID, not its Python children (workers).")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="S",
+              help="Seconds between refreshes (between tables when stdout is not a terminal).")
+def top(pid: int, rate: int, no_subprocesses: bool, interval_s: float) -> None:
+    """A live layer table of a running service and its workers: which layer its busy threads are
+    in now and since the start, by the same sampler as `latprof attach` (no capture is written).
+
+    q or Ctrl-C quits. When stdout is not a terminal, one plain table is printed every interval.
+    """
+    from latprof.top import pyspy, run_top
+
+    try:
+        result = run_top(pid, rate=rate, subprocesses=not no_subprocesses, interval_s=interval_s,
+                         on_note=lambda line: click.echo(f"latprof top: {line}", err=True))  # fmt: skip
+    except pyspy.SamplerError as exc:
+        raise CollectorError(str(exc)) from None
+    click.echo(f"latprof top: {result.message()}", err=True)
 
 
 @main.command()

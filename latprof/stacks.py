@@ -176,12 +176,18 @@ LOOP_FRAMES = (
 )
 
 
+def loop_waiting(wchan: str) -> bool:
+    """An event loop's thread in this wait channel waits for events (epoll): the loop is free;
+    in any other (running, a sleep, a lock, a blocking socket call) something holds it."""
+    return wchan.strip().startswith(_WCHAN_EPOLL)
+
+
 def event_loop_thread(frames: Sequence[Any]) -> bool:
     """Whether a stack (frames with `.file`/`.name`, or capture frames with `.filename`/`.function`)
     is an event loop's thread: whatever runs on top of it holds the loop."""
     for f in frames:
-        file = getattr(f, "file", None) or getattr(f, "filename", "")
-        name = _tail(getattr(f, "name", None) or getattr(f, "function", ""))
+        file = str(getattr(f, "file", None) or getattr(f, "filename", ""))
+        name = _tail(str(getattr(f, "name", None) or getattr(f, "function", "")))
         for suffix, wanted in LOOP_FRAMES:
             if (file == suffix or file.endswith("/" + suffix)) and name == _tail(wanted):
                 return True

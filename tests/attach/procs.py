@@ -5,10 +5,12 @@ Not a test module: `from attach.procs import ...` (tests/ is on sys.path, see te
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -76,3 +78,50 @@ def gunicorn(port: int, *args: str) -> list[str]:
     """The command of gunicorn serving the test Flask app on `port`, with `args` (workers, worker class)."""
     return [sys.executable, "-m", "gunicorn", WSGI_APP, "-b", f"127.0.0.1:{port}", *args, "--no-control-socket",
             "--log-level", "warning"]  # fmt: skip
+
+
+def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clients: int, *, pause_s: float = 0.0,
+                      env: dict[str, str] | None = None, server: list[str] | None = None,
+                      attach_args: tuple[str, ...] = (), duration_s: float = 4) -> tuple[dict, dict]:  # fmt: skip
+    """Start gunicorn (or `server`, with `{port}` in it), keep `clients` client threads requesting
+    `path`, attach to its first process for `duration_s` (with `attach_args`); (the live report,
+    `latprof analyze` of its capture, which must agree)."""
+    port = free_port()
+    command = [a.format(port=port) for a in server] if server else gunicorn(port, *gunicorn_args)
+    master = start_server(command, port, env)
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
+            except OSError:
+                time.sleep(0.05)
+            if pause_s:
+                time.sleep(pause_s)
+
+    capture = tmp_path / "attach.jsonl"
+    try:
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        live = subprocess.run(
+            [sys.executable, "-m", "latprof", "attach", "--pid", str(master.pid), "--duration", str(duration_s), "--format",
+             "json", "--out", str(capture), *attach_args],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        master.terminate()
+        master.wait(20)
+    assert live.returncode == 0, live.stderr
+    later = subprocess.run([sys.executable, "-m", "latprof", "analyze", "--format", "json", str(capture)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert later.returncode == 0, later.stderr
+    report, again = json.loads(live.stdout), json.loads(later.stdout)
+    print(report["verdict"], [(r["layer"], r["share_of_tail_excess"]) for r in report["layers"]], report["collection"])
+    assert report["source"]["kind"] == "attach" == again["source"]["kind"]
+    assert report["verdict"] == again["verdict"] and report["layers"] == again["layers"]
+    assert report["window"]["requests"] is None and report["latency_ms"] is None
+    return report, again

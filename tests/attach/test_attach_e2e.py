@@ -11,62 +11,14 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from attach.procs import ROOT, free_port, gunicorn, start_server
+from attach.procs import ROOT, attach_under_load
 from hooks.apps import services  # tests/hooks/apps: the local services the tests use
 
 pytestmark = pytest.mark.slow  # real servers, sampled from outside
-
-
-def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clients: int, *, pause_s: float = 0.0,
-                      env: dict[str, str] | None = None, server: list[str] | None = None) -> tuple[dict, dict]:  # fmt: skip
-    """Start gunicorn (or `server`, with `{port}` in it), keep `clients` client threads requesting
-    `path`, attach to its first process for 4 s; (the live report, `latprof analyze` of its capture)."""
-    port = free_port()
-    command = [a.format(port=port) for a in server] if server else gunicorn(port, *gunicorn_args)
-    master = start_server(command, port, env)
-    stop = threading.Event()
-
-    def client() -> None:
-        while not stop.is_set():
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
-            except OSError:
-                time.sleep(0.05)
-            if pause_s:
-                time.sleep(pause_s)
-
-    capture = tmp_path / "attach.jsonl"
-    try:
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-        for t in threads:
-            t.start()
-        time.sleep(1.0)
-        live = subprocess.run(
-            [sys.executable, "-m", "latprof", "attach", "--pid", str(master.pid), "--duration", "4", "--format", "json",
-             "--out", str(capture)],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-    finally:
-        stop.set()
-        master.terminate()
-        master.wait(20)
-    assert live.returncode == 0, live.stderr
-    later = subprocess.run([sys.executable, "-m", "latprof", "analyze", "--format", "json", str(capture)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert later.returncode == 0, later.stderr
-    report, again = json.loads(live.stdout), json.loads(later.stdout)
-    print(report["verdict"], [(r["layer"], r["share_of_tail_excess"]) for r in report["layers"]], report["collection"])
-    assert report["source"]["kind"] == "attach" == again["source"]["kind"]
-    assert report["verdict"] == again["verdict"] and report["layers"] == again["layers"]
-    assert report["window"]["requests"] is None and report["latency_ms"] is None
-    return report, again
 
 
 def test_gthread_threads_waiting_for_a_small_psycopg_pool_give_db_pool(tmp_path):
