@@ -83,3 +83,17 @@ def test_too_few_requests_is_no_verdict_not_a_healthy_service():
     a = analysed(population(20, [("provider", 400)], [("db.pool", 3000), ("provider", 400)]))
     text = render(build_report(a, []), 100)
     assert "VERDICT  no verdict  Too few requests for a verdict: 20 analysed, 50 needed" in text
+
+
+def test_an_asyncio_attach_report_shows_requests_in_flight_and_the_loop_per_second():
+    from dataclasses import replace
+
+    from latprof.report import WindowRow
+
+    rows = [WindowRow(float(s), None, None, {"workers": 1, "busy_workers": 0, "top_layer": "event_loop", "accept_queue": 0,
+                                             "requests_in_flight": flight, "loop_busy_share": busy})
+            for s, (flight, busy) in enumerate([(12.0, 0.05), (11.5, 0.5)])]  # fmt: skip
+    report = report_with_pool_tail()
+    text = render(replace(report, source={**report.source, "kind": "attach"}, p99_over_time=rows, window_s=1.0), 120)
+    assert "per second (requests in flight, event loop busy, accept queue)" in text
+    assert "0s  in flight  12.0  loop   5%  queue 0" in text and "1s  in flight  11.5  loop  50%  queue 0" in text

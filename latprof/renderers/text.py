@@ -170,6 +170,14 @@ def _attach_seconds(report: Report) -> Text | None:
     rows = [w.extra for w in report.p99_over_time if w.extra]
     if len(rows) < 2:
         return None
+    if any(row.get("requests_in_flight") is not None for row in rows):  # an asyncio server: the loop and the wire
+        text = Text("per second (requests in flight, event loop busy, accept queue)\n", style="bold")
+        for i, row in enumerate(rows):
+            flight, busy, queue = row.get("requests_in_flight"), row.get("loop_busy_share"), row.get("accept_queue")
+            text.append(f"  {i:>3}s  in flight {'-' if flight is None else f'{flight:.1f}':>5}"
+                        f"  loop {'-' if busy is None else f'{busy:.0%}':>4}"
+                        + (f"  queue {queue:g}" if queue is not None else "") + "\n")  # fmt: skip
+        return text
     text = Text("per second (busy workers/workers, top layer, accept queue)\n", style="bold")
     for i, row in enumerate(rows):
         queue = row.get("accept_queue")
