@@ -426,8 +426,7 @@ def _wire_findings(aa: AttachAnalysis) -> list[Finding]:
     summary = (
         f"{wire.in_flight_mean:.0f} requests were in flight on average but the service kept a stable ceiling of"
         f" {wire.db_ceiling} connections to {db} ({wire.db_ceiling_share:.0%} of the seconds at it), {elsewhere:.1f}"
-        f" were awaiting other endpoints and {wire.mean({s: sum(e.pending.get(s, 0.0) for e in wire.db_endpoints()) for s in wire.seconds}):.1f}"
-        f" the database: about {wire.waiting_mean:.0f} waited inside the process on nothing the wire shows, most likely for"
+        f" were awaiting other endpoints and {wire.at_db_mean():.1f} the database: about {wire.waiting_mean:.0f} waited inside the process on nothing the wire shows, most likely for"
         " one of those connections"
     )  # fmt: skip
     evidence: dict[str, Any] = {**wire.evidence(), "inferred": True, "share_of_request_time": round(aa.share(DB_POOL), 4)}
@@ -473,7 +472,7 @@ def _async_verdict(aa: AttachAnalysis, findings: list[Finding], where: str) -> V
     if wire.saturated:
         return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
                        f"{wire.in_flight_mean:.0f} requests were in flight on average and about {wire.waiting_mean:.0f} of"
-                       f" them (for {wire.in_flight_age_ms:.0f} ms and more, the median) waited inside the process on nothing visible from outside (not the loop, which was free,"
+                       f" them (waiting {wire.in_flight_age_ms:.0f} ms so far, the median) waited inside the process on nothing visible from outside (not the loop, which was free,"
                        " and not a stable ceiling of DB connections): an asyncio service's suspended tasks leave no"
                        " stack. Run it under `latprof run` so in-process hooks time each request's pool waits, locks and"
                        f" calls. Request time: {where}.", "unattributed")  # fmt: skip

@@ -165,6 +165,10 @@ class WireState:
     def db_endpoints(self) -> list[Endpoint]:
         return [e for e in self.endpoints.values() if e.db]
 
+    def at_db_mean(self) -> float:
+        """Requests awaiting the database (a statement sent, its answer not begun) on average."""
+        return sum(self.mean(e.pending) for e in self.db_endpoints())
+
     def outstanding_mean(self) -> float:
         """Requests at other endpoints (pending or receiving) on average."""
         return sum(self.mean(e.pending) + self.mean(e.receiving) for e in self.endpoints.values() if not e.db)

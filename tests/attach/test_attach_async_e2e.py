@@ -59,6 +59,18 @@ def test_a_healthy_async_service_gets_no_verdict(tmp_path):
     assert not [f for f in report["findings"] if f["layer"] in ("event_loop", "db.pool")]
 
 
+def test_requests_waiting_inside_the_process_on_nothing_visible_are_unattributed_with_latprof_run(tmp_path):
+    """Requests queue for an asyncio.Semaphore(1) held 200 ms each: the loop is free, no DB, nothing on the wire."""
+    report, _ = attach_under_load(tmp_path, [], "/gate?ms=200", 6, server=uvicorn())
+    verdict = report["verdict"]
+    assert (verdict["layer"], verdict["status"]) == ("unattributed", "unattributed"), verdict
+    assert "latprof run" in verdict["summary"]
+    census = report["collection"]["census"]
+    assert census["requests_in_flight_mean"] >= 4 and census["requests_waiting_in_process_mean"] >= 4
+    assert census["requests_in_flight_age_ms_p50"] >= 200
+    assert report["collection"]["event_loop"]["loop_busy_share"] < 0.3
+
+
 @pytest.fixture(scope="module")
 def slow_provider():
     """An OpenAI-compatible provider whose first token takes 400 ms (a subprocess of its own)."""

@@ -3,6 +3,8 @@ PostgreSQL connections held across a slow LLM call.
 
 - `GET /block?ms=N`: a blocking `time.sleep` inside `async def` (holds the event loop).
 - `GET /ok?ms=N`: `await asyncio.sleep` (a healthy request: the loop is free meanwhile).
+- `GET /gate?ms=N`: one request at a time through an `asyncio.Semaphore`, each holding it for N
+  ms of `asyncio.sleep`: the others wait inside the process on nothing a socket shows.
 - `GET /chat?ms=N`: checks a connection out of a pool of `APP_POOL_SIZE` (default 3), runs a
   query, calls the LLM (the official openai client, streamed, against `APP_PROVIDER`) *while
   holding the connection*, then stores the answer with a second query — the fault that starves
@@ -69,6 +71,18 @@ async def block(ms: float = 200) -> dict[str, float]:
 async def ok(ms: float = 50) -> dict[str, float]:
     await asyncio.sleep(ms / 1000)
     return {"awaited_ms": ms}
+
+
+_gate: asyncio.Semaphore | None = None
+
+
+@app.get("/gate")
+async def gate(ms: float = 200) -> dict[str, float]:
+    global _gate
+    _gate = _gate or asyncio.Semaphore(1)
+    async with _gate:
+        await asyncio.sleep(ms / 1000)
+    return {"gated_ms": ms}
 
 
 async def ask() -> str:
