@@ -301,6 +301,7 @@ class _Wire:
         self.sums: dict[tuple[str, Any], float] = {}
         self.readings = 0
         self.ages: list[int] = []  # how long each request in flight has waited for its answer, this second
+        self.inodes: set[int] | None = None  # the socket inodes among the target's descriptors, this second
         self.db_ports: set[int] = set()  # the target's local ports of its connections to --db's server
         self.failed = False
         self.pg_failed = False
@@ -310,8 +311,11 @@ class _Wire:
         if self.failed:
             return
         try:
-            inodes = procfs.socket_inodes(pids)
+            if self.inodes is None:  # the target's sockets, looked up once a second (outbound connections last)
+                self.inodes = procfs.socket_inodes(pids)
             sockets = sockdiag.tcp_sockets(self.session.pid)
+            # connections accepted since: on a listening port of the target's namespace, they are its own
+            inodes = self.inodes | {s.inode for s in sockets if s.local[1] in self.ports}
             census = sockdiag.census(self.session.pid, inodes, self.ports, sockets=sockets, receiving_ms=RECEIVING_MS)
         except Exception as exc:  # the census is one signal of several: say so once and go on without it
             self.failed = True
@@ -353,6 +357,7 @@ class _Wire:
             ages = sorted(self.ages)
             emit(Gauge("census.inbound.in_flight_age_ms", ages[len(ages) // 2], now, target, {"latprof.max_ms": ages[-1]}))
         self.sums, self.readings, self.ages = {}, 0, []
+        self.inodes = None
         self._backends(now)
 
     def _backends(self, now: int) -> None:
