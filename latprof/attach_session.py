@@ -59,6 +59,9 @@ GAUGE_LOOP_BLOCKED = "event_loop.blocked_ms"
 #: an LLM stream's role chunk comes right after the headers and its first token may take seconds.
 RECEIVING_MS = 1000
 
+#: The census reads established connections only (thousands of TIME_WAIT rows after a load cost time, say nothing).
+ESTABLISHED = frozenset({"ESTABLISHED"})
+
 #: A loop held this long without waiting for events once is blocked (asyncio debug mode's
 #: `slow_callback_duration` is 100 ms too).
 BLOCK_MS = 100.0
@@ -180,6 +183,20 @@ class AttachSession:
 
     # -- /proc ----------------------------------------------------------------------------------
 
+    def _census(self, wire: _Wire, pids: list[int]) -> None:
+        """The socket census every `POLL_S`, written (with the --db backends) once a second."""
+        next_second = time.monotonic() + 1.0
+        try:
+            while not self.sampler.stop_event.is_set():
+                wire.poll(pids)
+                if time.monotonic() >= next_second:
+                    next_second += 1.0
+                    wire.flush(time.time_ns())
+                    pids = self.sampler.processes() or pids
+                self.sampler.stop_event.wait(POLL_S)
+        except Exception as exc:  # the stacks and /proc go on without it; say so in the capture
+            self.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), self.pid, f"socket census stopped: {type(exc).__name__}: {exc}"))
+
     def _poll_proc(self) -> None:
         try:
             pids = self.sampler.processes()
@@ -187,24 +204,23 @@ class AttachSession:
             counter = procfs.AcceptCounter(self.pid, ports)
             counter.poll()
             seconds = _EverySecond(self, ports)
-            wire = _Wire(self, ports)
+            census = threading.Thread(target=self._census, args=(_Wire(self, ports), pids), name="latprof-census", daemon=True)
+            census.start()  # in a thread of its own: the accept-queue readings keep their cadence
             next_second = time.monotonic() + 1.0
             accepted = 0
             while True:  # a reading at once, then one every POLL_S until the sampling stops
                 now = time.time_ns()
                 for port, depth in procfs.accept_queues(self.pid, ports).items():
                     self.writer.emit(Gauge(GAUGE_ACCEPT_QUEUE, depth, now, self.pid, {"server.port": port}))
-                wire.poll(pids)
                 self._proc_started.set()  # the first reading is in: sampling may begin
                 accepted += counter.poll()
                 if time.monotonic() >= next_second:
                     next_second += 1.0
-                    pids = self.sampler.processes() or pids
                     seconds.read(now, accepted)
-                    wire.flush(now)
                     accepted = 0
                 if self.sampler.stop_event.wait(POLL_S):
                     break
+            census.join(5)
         except Exception as exc:  # the stacks go on without /proc; say so in the capture
             self._proc_started.set()
             self.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), self.pid, f"/proc polling stopped: {type(exc).__name__}: {exc}"))
@@ -313,7 +329,7 @@ class _Wire:
         try:
             if self.inodes is None:  # the target's sockets, looked up once a second (outbound connections last)
                 self.inodes = procfs.socket_inodes(pids)
-            sockets = sockdiag.tcp_sockets(self.session.pid)
+            sockets = sockdiag.tcp_sockets(self.session.pid, states=ESTABLISHED)  # the kernel leaves out TIME_WAIT and the rest
             # connections accepted since: on a listening port of the target's namespace, they are its own
             inodes = self.inodes | {s.inode for s in sockets if s.local[1] in self.ports}
             census = sockdiag.census(self.session.pid, inodes, self.ports, sockets=sockets, receiving_ms=RECEIVING_MS)
