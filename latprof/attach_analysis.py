@@ -35,7 +35,7 @@ from latprof.events import StackSample
 from latprof.attach_wire import HELD_MS, Backends, LoopState, WireState, backends, loop_state, wire_state
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
 from latprof.report import LayerRow, Report, Verdict, WindowRow
-from latprof.stacks import BUSY, IDLE, Classification, Frame, classify, event_loop_thread
+from latprof.stacks import BUSY, IDLE, Classification, Frame, classify, event_loop_thread, has_frame
 from latprof.timeline import Timeline
 
 #: Workers idle less than this share of their samples are all busy.
@@ -129,17 +129,8 @@ class AttachAnalysis:
         return self.idle_s / seen if seen > 0 else None
 
 
-def _has(frames: Iterable[Any], wanted: Iterable[tuple[str, str]]) -> bool:
-    wanted = tuple(wanted)
-    for f in frames:
-        for suffix, name in wanted:
-            if (f.filename == suffix or f.filename.endswith("/" + suffix)) and f.function.rsplit(".", 1)[-1] == name:
-                return True
-    return False
-
-
 def _serving(frames: Iterable[Any]) -> bool:
-    return _has(frames, SERVING_FRAMES)
+    return has_frame(frames, SERVING_FRAMES)
 
 
 def _classified(sample: StackSample) -> Classification:
@@ -191,12 +182,12 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
     # their idle time does not.
     helpers = {
         key for key, seen in by_thread.items()
-        if key not in workers and any(c.state == BUSY and _has(s.frames, (TASK_FRAME,)) for s, c in seen)
+        if key not in workers and any(c.state == BUSY and has_frame(s.frames, (TASK_FRAME,)) for s, c in seen)
     }  # fmt: skip
     # Event loop threads serve requests too (an asyncio server), busy or not; what runs on them holds the loop.
     loops = {
         key for key, seen in by_thread.items()
-        if any(event_loop_thread(s.frames) for s, _ in seen) and not any(_has(s.frames, HOUSEKEEPING_LOOPS) for s, _ in seen)
+        if any(event_loop_thread(s.frames) for s, _ in seen) and not any(has_frame(s.frames, HOUSEKEEPING_LOOPS) for s, _ in seen)
     }  # fmt: skip
     workers |= loops
     if not workers:  # an unknown server: every thread that worked
@@ -261,11 +252,9 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
     aa.held_by = held_by
     if loops:
         aa.loop = loop_state(timeline, len(loops), seconds)
-        db_server = header.get("db_server")
-        extra_db = {(str(db_server[0]), int(db_server[1]))} if isinstance(db_server, list) and len(db_server) == 2 else set()
         # a threaded server beside the loop (sync endpoints in worker threads) keeps the stack-based view
         threaded = any(c.state == BUSY for key in workers - loops for _, c in by_thread[key])
-        aa.wire = None if threaded else wire_state(timeline, aa.loop, extra_db)
+        aa.wire = None if threaded else wire_state(timeline, aa.loop)
     aa.backends = backends(timeline)
     queue_by_second: dict[int, list[float]] = {}
     for g in timeline.gauges.get("accept.queue_depth", ()):

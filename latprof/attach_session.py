@@ -354,7 +354,7 @@ class _Wire:
             server = pg.server()
             self.db_ports = {
                 s.local[1] for s in sockets
-                if s.inode in inodes and s.state == "ESTABLISHED" and (s.remote[0], s.remote[1]) == server
+                if s.inode in inodes and (s.remote[0], s.remote[1]) == server
             }  # fmt: skip
 
     def flush(self, now: int) -> None:

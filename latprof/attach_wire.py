@@ -188,7 +188,7 @@ class WireState:
         }
 
 
-def wire_state(timeline: Timeline, loop: LoopState | None, extra_db: set[tuple[str, int]] = frozenset()) -> WireState | None:  # type: ignore[assignment]
+def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
     """The census per second, the request-seconds per layer it implies, and whether a pool's
     ceiling explains the requests waiting on nothing visible. None when no census was taken."""
     gauges = timeline.gauges
@@ -204,10 +204,8 @@ def wire_state(timeline: Timeline, loop: LoopState | None, extra_db: set[tuple[s
             address, port = str(g.attrs.get("server.address")), int(g.attrs.get("server.port") or 0)
             key = f"{address}:{port}"
             if key not in endpoints:
-                kind = str(g.attrs.get("latprof.endpoint.kind") or DB_PORTS.get(port, "http"))
-                if (address, port) in extra_db and kind == "http":
-                    kind = "postgresql"
-                endpoints[key] = Endpoint(address, port, kind)
+                # the session names the kind (the --db server is postgresql whatever its port)
+                endpoints[key] = Endpoint(address, port, str(g.attrs.get("latprof.endpoint.kind") or DB_PORTS.get(port, "http")))
             by_endpoint.setdefault(key, []).append(g)
         for key, found in by_endpoint.items():
             setattr(endpoints[key], attr, _per_second(found))

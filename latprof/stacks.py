@@ -182,16 +182,20 @@ def loop_waiting(wchan: str) -> bool:
     return wchan.strip().startswith(_WCHAN_EPOLL)
 
 
-def event_loop_thread(frames: Sequence[Any]) -> bool:
-    """Whether a stack (frames with `.file`/`.name`, or capture frames with `.filename`/`.function`)
-    is an event loop's thread: whatever runs on top of it holds the loop."""
+def has_frame(frames: Iterable[Any], wanted: Iterable[tuple[str, str]]) -> bool:
+    """Whether a capture stack (frames with `.filename` and `.function`) has a frame of one of
+    `wanted` (file suffix, function: qualified or bare, matched on its last dotted part)."""
+    wanted = tuple((suffix, _tail(name)) for suffix, name in wanted)
     for f in frames:
-        file = str(getattr(f, "file", None) or getattr(f, "filename", ""))
-        name = _tail(str(getattr(f, "name", None) or getattr(f, "function", "")))
-        for suffix, wanted in LOOP_FRAMES:
-            if (file == suffix or file.endswith("/" + suffix)) and name == _tail(wanted):
+        for suffix, name in wanted:
+            if (f.filename == suffix or f.filename.endswith("/" + suffix)) and _tail(f.function) == name:
                 return True
     return False
+
+
+def event_loop_thread(frames: Iterable[Any]) -> bool:
+    """Whether a capture stack is an event loop's thread: whatever runs on top of it holds the loop."""
+    return has_frame(frames, LOOP_FRAMES)
 
 
 def frames_from_pyspy(thread: Mapping[str, Any]) -> list[Frame]:
