@@ -184,7 +184,7 @@ class AttachSession:
     # -- /proc ----------------------------------------------------------------------------------
 
     def _census(self, wire: _Wire, pids: list[int]) -> None:
-        """The socket census every `POLL_S`, written (with the --db backends) once a second."""
+        """The socket census (and the --db backends) every `POLL_S`, the census written once a second."""
         next_second = time.monotonic() + 1.0
         try:
             while not self.sampler.stop_event.is_set():
@@ -307,8 +307,9 @@ class LoopWatch:
 
 class _Wire:
     """The socket census (`collectors/sockdiag.py`), read every `POLL_S` and written as the mean
-    of each second (`census.*` gauges); and with `--db`, once a second, the target's PostgreSQL
-    backends (`db.backend.state_age_ms`, one gauge per backend, its state in the attributes).
+    of each second (`census.*` gauges); and with `--db`, at each census reading, the target's
+    PostgreSQL backends (`db.backend.state_age_ms`, one gauge per backend and reading, its state
+    in the attributes).
     Either one failing is said once in the capture, and the rest goes on."""
 
     def __init__(self, session: AttachSession, ports: set[int]) -> None:
@@ -356,6 +357,9 @@ class _Wire:
                 s.local[1] for s in sockets
                 if s.inode in inodes and (s.remote[0], s.remote[1]) == server
             }  # fmt: skip
+            # read at the census rate: once a second aliases with requests that hold their
+            # connections in a cycle near 0.5 or 1 s (each reading would catch the same phase)
+            self._backends(time.time_ns())
 
     def flush(self, now: int) -> None:
         emit, target = self.session.writer.emit, self.session.pid
@@ -374,7 +378,6 @@ class _Wire:
             emit(Gauge("census.inbound.in_flight_age_ms", ages[len(ages) // 2], now, target, {"latprof.max_ms": ages[-1]}))
         self.sums, self.readings, self.ages = {}, 0, []
         self.inodes = None
-        self._backends(now)
 
     def _backends(self, now: int) -> None:
         pg = self.session.pg
