@@ -44,6 +44,8 @@ MAX_IDLE_SHARE = 0.1
 MIN_BACKLOG_SECONDS_SHARE = 0.3
 #: The verdict layer holds at least this share of busy plus queue time.
 MIN_VERDICT_SHARE = 0.2
+#: Workers whose first window begins within this many seconds of the first sample were there from the start.
+STARTUP_S = 2
 
 #: Frames of a thread that serves a request (file suffix, function): the server's workers.
 SERVING_FRAMES = (
@@ -277,13 +279,18 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
             if last is not None and second - last_second <= 1:  # a window covers about the next second too
                 state[second] = last
         busy_in[key] = state
+    # py-spy starts one recorder per process, so on a loaded machine a worker's first window can
+    # begin a second after the others': until every worker there at the start has been sampled,
+    # the number of busy workers is unknown (None), not a count of those seen so far.
+    firsts = [min(seen) for seen in second_seen.values() if seen]
+    counted_from = max((f for f in firsts if f <= min(firsts) + STARTUP_S), default=0) if firsts else 0
     for second in sorted(second_layers):  # the seconds sampled
         layers_now = second_layers.get(second, Counter())
         depth_now = queue_by_second.get(second)
         aa.seconds_rows.append({
             "second": second,
             # a worker is busy in a second when at least half of its samples then were busy
-            "busy_workers": sum(1 for state in busy_in.values() if state.get(second)),
+            "busy_workers": sum(1 for state in busy_in.values() if state.get(second)) if second >= counted_from else None,
             "top_layer": layers_now.most_common(1)[0][0] if layers_now else None,
             "accept_queue": round(sum(depth_now) / len(depth_now), 2) if depth_now else None,
             "accepted": accepted_by_second.get(second),

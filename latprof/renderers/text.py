@@ -181,7 +181,8 @@ def _attach_seconds(report: Report) -> Text | None:
     text = Text("per second (busy workers/workers, top layer, accept queue)\n", style="bold")
     for i, row in enumerate(rows):
         queue = row.get("accept_queue")
-        text.append(f"  {i:>3}s  {row.get('busy_workers')}/{row.get('workers')}  {row.get('top_layer') or '-':<13}"
+        busy = row.get("busy_workers")
+        text.append(f"  {i:>3}s  {'?' if busy is None else busy}/{row.get('workers')}  {row.get('top_layer') or '-':<13}"
                     + (f"  queue {queue:g}" if queue is not None else "") + "\n")  # fmt: skip
     return text
 

@@ -86,7 +86,11 @@ def test_sync_workers_saturated_by_offered_load_give_queue_with_the_backlog(tmp_
     assert 4 <= evidence["mean_accept_queue"] <= 7 and evidence["seconds_with_backlog_share"] >= 0.9
     assert 150 <= evidence["mean_backlog_wait_ms"] <= 500
     seconds = report["p99_over_time"]["windows"]  # the per-second timeline: both workers busy, a backlog each second
-    assert len(seconds) >= 3 and all(s["busy_workers"] == s["workers"] == 2 and s["accept_queue"] >= 3 for s in seconds), seconds
+    rows = [(s["busy_workers"], s["workers"], s["accept_queue"]) for s in seconds]
+    # busy_workers is None (unknown) while a worker's recorder has not begun its first window yet
+    counted = [row for row in rows if row[0] is not None]
+    assert len(counted) >= 3 and rows.index(counted[0]) <= 1, rows
+    assert all(busy == workers == 2 and queue >= 3 for busy, workers, queue in counted), rows
 
 
 def test_cpu_bound_handlers_give_app(tmp_path):
@@ -108,7 +112,8 @@ def test_a_healthy_service_gets_no_verdict(tmp_path):
     report, _ = attach_under_load(tmp_path, ["-w", "2"], "/chat/1?ms=1", 1, pause_s=0.2)
     assert report["verdict"]["layer"] is None and report["verdict"]["status"] == "no_tail"
     assert report["collection"]["idle_share"] > 0.8
-    assert all(s["busy_workers"] == 0 for s in report["p99_over_time"]["windows"])
+    assert all(s["busy_workers"] in (0, None) for s in report["p99_over_time"]["windows"])
+    assert sum(s["busy_workers"] == 0 for s in report["p99_over_time"]["windows"]) >= 3
 
 
 @pytest.mark.parametrize("target", ["gone", "not python"])
