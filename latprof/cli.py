@@ -79,10 +79,10 @@ def _warmup_option(fn: Any) -> Any:
         "--skip-warmup",
         "warmup_s",
         type=click.FloatRange(min=0),
-        default=DEFAULT_WARMUP_S,
-        show_default=True,
+        default=None,
         metavar="S",
-        help="Leave out the first S seconds of each process's traffic.",
+        help=f"Leave out the first S seconds of each process's traffic [default: {DEFAULT_WARMUP_S:g}; 0 for trace"
+        " files, which do not show when a process started].",
     )(fn)
 
 
@@ -91,7 +91,7 @@ def _warmup_option(fn: Any) -> Any:
 @_format_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
 @_warmup_option
-def analyze(paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float) -> None:
+def analyze(paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float | None) -> None:
     """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
 
     PATHS are capture files (.jsonl or .jsonl.gz) or directories of them; several are merged.
@@ -160,7 +160,7 @@ def run(
     disable: tuple[str, ...],
     list_hooks: bool,
     max_rate: float,
-    warmup_s: float,
+    warmup_s: float | None,
     cmd: tuple[str, ...],
 ) -> None:
     """Run a Python service with latprof's hooks, and diagnose it when it stops.

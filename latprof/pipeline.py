@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 from latprof.analysis import DEFAULT_WARMUP_S, Analysis, analyze
+from latprof.capture.format import TRACE_SOURCES
 from latprof.capture.reader import read_captures
 from latprof.engine import Finding, Rule, discover_rules, run_rules
+from latprof.inference import infer_pool_waits
 from latprof.report import Report, build_report
 from latprof.timeline import build_timeline
 
@@ -35,10 +37,14 @@ class Diagnosis:
 def run_diagnosis(
     paths: Iterable[str | os.PathLike[str]],
     *,
-    warmup_s: float = DEFAULT_WARMUP_S,
+    warmup_s: float | None = None,
     rules: Sequence[Rule] | None = None,
 ) -> Diagnosis:
-    """Read the captures at `paths`, analyse them and run the rules."""
+    """Read the captures at `paths`, analyse them and run the rules.
+
+    `warmup_s` None skips the default warm-up (`DEFAULT_WARMUP_S`) of a capture and none of a
+    trace file: a trace export does not show when its processes started, so its first
+    requests are no more a warm-up than any others."""
     with _gc_paused():
         timeline = build_timeline(read_captures(paths))
         if timeline.source_kind == "attach" and not timeline.requests:
@@ -47,6 +53,10 @@ def run_diagnosis(
             attach = analyze_attach(timeline)
             attach_found = attach_findings(attach)
             return Diagnosis(None, attach_found, build_attach_report(attach, attach_found))
+        if timeline.source_kind in TRACE_SOURCES:
+            timeline = infer_pool_waits(timeline)
+        if warmup_s is None:
+            warmup_s = 0.0 if timeline.source_kind in TRACE_SOURCES else DEFAULT_WARMUP_S
         analysis = analyze(timeline, warmup_s=warmup_s)
         findings = run_rules(analysis, default_rules() if rules is None else rules)
         return Diagnosis(analysis, findings, build_report(analysis, findings))
@@ -55,7 +65,7 @@ def run_diagnosis(
 def diagnose(
     paths: Iterable[str | os.PathLike[str]],
     *,
-    warmup_s: float = DEFAULT_WARMUP_S,
+    warmup_s: float | None = None,
     rules: Sequence[Rule] | None = None,
 ) -> Report:
     """Diagnose the captures at `paths` and return the report."""

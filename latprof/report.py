@@ -201,7 +201,13 @@ def decide_verdict(analysis: Analysis, findings: Sequence[Finding]) -> Verdict:
     if not leads_tail5:
         leader = max(analysis.layers.values(), key=lambda s: s.tail5_excess_ms)
         summary += f"; across the slowest 5% {leader.layer} leads instead"
-    return Verdict(top.layer, _rule_for(top.layer, findings), round(top.share_of_tail_excess, 4), round(confidence, 3), summary + ".")
+    rule = _rule_for(top.layer, findings)
+    explaining = next((f for f in findings if f.rule == rule and f.layer == top.layer), None) if rule else None
+    if explaining is not None and explaining.evidence.get("inferred"):
+        # no span measured this layer: the verdict is as sure as the inference, and says so
+        confidence = min(confidence, explaining.confidence)
+        summary += f" (inferred from {explaining.evidence.get('inferred_from') or 'the shape of the traces'}; see the finding)"
+    return Verdict(top.layer, rule, round(top.share_of_tail_excess, 4), round(confidence, 3), summary + ".")
 
 
 def _rule_for(layer: str, findings: Sequence[Finding]) -> str | None:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from latprof.analysis import NS_PER_MS, Analysis
+from latprof.capture.format import TRACE_SOURCES
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
-from latprof.layers import DB_POOL, MODEL, PROVIDER
+from latprof.inference import (
+    INFERRED,
+    INFERRED_AT_CEILING,
+    INFERRED_CEILING,
+    INFERRED_FROM,
+    INFERRED_MEDIAN_GAP_MS,
+    INFERRED_TAIL_GAP_MS,
+)
+from latprof.events import Segment
+from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER
 from latprof.semconv import (
     DB_POOL_NAME,
     GAUGE_POOL_IN_USE,
@@ -24,6 +34,10 @@ class Thresholds:
     min_tail_excess_ms: float = 50.0
     #: A hold counts as "across an LLM call" when LLM time covers this share of the call.
     min_llm_overlap_ratio: float = 0.5
+
+
+#: An inferred pool wait (no span measured it) is believed this much less than a measured one.
+INFERRED_CONFIDENCE = 0.6
 
 
 class DbPoolExhaustion(Rule):
@@ -46,7 +60,10 @@ class DbPoolExhaustion(Rule):
         pool wait p50/p99 and the tail excess; pool max size, peak connections in use, peak
         waiters and mean utilisation from the pool gauges; how many requests held their
         connection across an LLM call and how much of the hold was the LLM call; example
-        request ids.
+        request ids. From traces without a pool-wait span (psycopg_pool, asyncpg) the waits
+        are inferred from the gap before each request's first database span and the ceiling
+        of requests holding a connection: `inferred: true`, that ceiling, and a lower
+        confidence.
 
     How to fix:
         Do not hold a connection across slow non-database work: commit and release it before
@@ -79,6 +96,9 @@ class DbPoolExhaustion(Rule):
         held = _held_across_llm(analysis, t.min_llm_overlap_ratio)
         evidence.update(held)
         evidence["example_request_ids"] = analysis.example_request_ids(DB_POOL)
+        inferred = _inferred(analysis)
+        if inferred:
+            evidence.update(inferred)
 
         size_note = ""
         if "pool_max" in evidence and "peak_in_use" in evidence:
@@ -90,6 +110,14 @@ class DbPoolExhaustion(Rule):
             f"The slowest 1% of requests waited {fmt_ms(stats.tail_excess_ms)} longer for a database connection"
             f" than the median request{size_note}"
         )
+        if inferred:
+            summary = (
+                f"Inferred (no span times the pool checkout): the slowest 1% of requests waited"
+                f" {fmt_ms(stats.tail_excess_ms)} longer than the median one before their first database statement,"
+                f" while {inferred['connection_ceiling']} requests at a time held a connection (at that ceiling"
+                f" {float(inferred['share_of_wait_at_ceiling']):.0%} of the waiting time): a pool of about"
+                f" {inferred['connection_ceiling']} exhausted"
+            )
         if held.get("held_across_llm_requests"):
             share = held["held_across_llm_share"]
             summary += f"; {share:.0%} of requests held their connection across an LLM call"  # type: ignore[str-format]
@@ -105,15 +133,36 @@ class DbPoolExhaustion(Rule):
                 " transactions short and release connections before slow non-database work; set a checkout"
                 " timeout so overload fails fast instead of queueing."
             )
+        confidence = min(1.0, stats.share_of_tail_excess + (0.2 if "peak_in_use" in evidence else 0.0))
+        if inferred:
+            confidence *= INFERRED_CONFIDENCE
         yield self.finding(
             severity=severity_for_share(stats.share_of_tail_excess),
-            confidence=min(1.0, stats.share_of_tail_excess + (0.2 if "peak_in_use" in evidence else 0.0)),
+            confidence=round(confidence, 4),
             impact_ms=stats.tail_excess_ms,
             summary=summary + ".",
             evidence=evidence,
             fix=fix,
             subject=",".join(pools),
         )
+
+
+def _inferred(analysis: Analysis) -> dict[str, object]:
+    """The inference's evidence when the `db.pool` time was inferred from trace gaps (latprof.inference), else {}."""
+    pool = analysis.segments(DB_POOL)
+    marked = [s for _, s in pool if s.attrs.get(INFERRED)]
+    if not marked:
+        return {}
+    attrs = marked[0].attrs
+    return {
+        "inferred": True,
+        "inferred_from": attrs.get(INFERRED_FROM),
+        "inferred_share_of_pool_waits": round(len(marked) / len(pool), 4),
+        "connection_ceiling": attrs.get(INFERRED_CEILING),
+        "share_of_wait_at_ceiling": attrs.get(INFERRED_AT_CEILING),
+        "tail_mean_gap_ms": attrs.get(INFERRED_TAIL_GAP_MS),
+        "median_mean_gap_ms": attrs.get(INFERRED_MEDIAN_GAP_MS),
+    }
 
 
 def _pool_gauges(analysis: Analysis) -> dict[str, float]:
@@ -135,12 +184,30 @@ def _pool_gauges(analysis: Analysis) -> dict[str, float]:
     return out
 
 
+def _spanned_hold(segments: Sequence[Segment]) -> list[Segment]:
+    """Without a hold marker (traces): the connection is taken as held from the end of the
+    request's pool wait, else its first statement, to the end of its last statement."""
+    pool_end = max((s.end_ns for s in segments if s.layer == DB_POOL), default=None)
+    queries = [s for s in segments if s.layer == DB_QUERY]
+    if not queries:
+        return []
+    start = pool_end if pool_end is not None else min(s.start_ns for s in queries)
+    end = max(s.end_ns for s in queries)
+    if end <= start:
+        return []
+    first = queries[0]
+    return [first._replace(segment_id=f"{first.segment_id}.hold", name=SEGMENT_CONNECTION_HOLD, layer=None, start_ns=start, end_ns=end)]
+
+
 def _held_across_llm(analysis: Analysis, min_overlap: float) -> dict[str, float]:
     """How many requests held a pooled connection across an LLM call, and for how long."""
+    traced = analysis.timeline.source_kind in TRACE_SOURCES
     holders = across = 0  # requests (sampled ones count as the requests they stand for)
     hold_ns = llm_in_hold_ns = 0
     for i, rt in enumerate(analysis.requests):
         holds = [s for s in rt.segments if s.name == SEGMENT_CONNECTION_HOLD]
+        if not holds and traced:
+            holds = _spanned_hold(rt.segments)
         if not holds:
             continue
         w = analysis.weight(i)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from latprof.analysis import NS_PER_MS, Analysis
+from latprof.capture.format import TRACE_SOURCES
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.events import Segment
 from latprof.layers import MODEL, PROVIDER, TOOL
@@ -17,6 +18,12 @@ JUDGED_BY = (
     "calls of one request with the same parent segment that did not overlap, with no LLM call between"
     " them (an LLM choosing the next tool makes it dependent), and no later call carrying a value from"
     " an earlier call's response (latprof.tool.depends_on, set by the HTTP hook)"
+)
+
+#: Added for traces, which carry no request or response bodies.
+TRACES_CAVEAT = (
+    "; from traces: spans carry no request or response values, so a later call that uses an earlier one's answer"
+    " is seen only as an LLM call between them or a gap longer than max_gap_ms (the code that read the answer)"
 )
 
 
@@ -165,7 +172,7 @@ class SequentialToolCalls(Rule):
             median_mean_parallel_saving_ms=round(mean_saving_ms(median), 3),
             longest_run_calls=longest,
             dependent_pairs_in_tail=dependent,
-            judged_independent_by=JUDGED_BY,
+            judged_independent_by=JUDGED_BY + (TRACES_CAVEAT if analysis.timeline.source_kind in TRACE_SOURCES else ""),
         )
         if targets:
             evidence["common_run"] = list(targets.most_common(1)[0][0])

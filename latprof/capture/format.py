@@ -27,6 +27,8 @@ SCHEMA_PREFIX = "latprof.capture/"
 
 #: `source` values a header may carry (report-v1 `source.kind`).
 SOURCE_KINDS = ("run", "attach", "otlp", "jaeger", "zipkin", "receive")
+#: Source kinds read from traces: what stock instrumentation leaves out is inferred (latprof.inference).
+TRACE_SOURCES = frozenset({"otlp", "jaeger", "zipkin", "receive"})
 
 
 def make_header(source: str, **extra: Any) -> dict[str, Any]:
