@@ -94,7 +94,8 @@ def _warmup_option(fn: Any) -> Any:
 def analyze(paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float | None) -> None:
     """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
 
-    PATHS are capture files (.jsonl or .jsonl.gz) or directories of them; several are merged.
+    PATHS are capture files (.jsonl or .jsonl.gz), OpenTelemetry OTLP JSON trace files (.json,
+    .gz; told by content) or directories of them; several are merged.
     """
     from latprof.pipeline import run_diagnosis
 

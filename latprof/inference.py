@@ -1,4 +1,4 @@
-"""Infer from traces what stock instrumentation does not record: pool waits seen only as gaps.
+"""Infer from traces what stock instrumentation does not record: pool waits and queues seen only as gaps.
 
 psycopg_pool, asyncpg and most drivers emit a span per statement but none for the pool
 checkout, so a request that waits for a connection shows an uncovered gap right before its
@@ -22,8 +22,10 @@ from typing import Any, Sequence
 
 from latprof.analysis import NS_PER_MS, cohorts
 from latprof.events import Segment
-from latprof.layers import DB_POOL, DB_QUERY
+from latprof.layers import DB_POOL, DB_QUERY, QUEUE
+from latprof.semconv import QUEUE_SOURCE
 from latprof.timeline import RequestTimeline, Timeline
+from latprof.tracemap import SERVICE_NAME, SPAN_KIND
 
 #: bool on a segment that no span measured: the analysis inferred it from the traces' shape.
 INFERRED = "latprof.inferred"
@@ -176,3 +178,123 @@ def infer_pool_waits(timeline: Timeline) -> Timeline:
                        g.start_ns, g.end_ns, first.pid, attrs)  # fmt: skip
         out.append(RequestTimeline(rt.request, rt.segments + (wait,)))
     return dataclasses.replace(timeline, requests=out)
+
+
+# --- queueing in front of a service that runs at a fixed concurrency ------------------------------
+
+#: A server span that starts within this long after another of its instance ended took that one's slot.
+HANDOFF_NS = 2_000_000
+#: An instance runs at a fixed concurrency when at least this many spans took a freed slot at its ceiling.
+MIN_HANDOFFS = 3
+#: Root spans of an instance that took a freed slot in at least this share: its requests queued before them.
+MIN_ROOT_HANDOFF_SHARE = 0.3
+QUEUE_SOURCE_DOWNSTREAM = "downstream"
+SOURCE_DOWNSTREAM = (
+    "the time from the caller's client span to the start of the called service's server span, that service"
+    " running at a fixed concurrency with its spans back to back"
+)
+INFERRED_CONCURRENCY = "latprof.inferred.concurrency"
+INFERRED_SERVICE = "latprof.inferred.service"
+
+
+class _Slot:
+    """A server span of one instance: a request's root or a downstream server segment."""
+
+    __slots__ = ("start", "end", "request", "segment")
+
+    def __init__(self, start: int, end: int, request: int, segment: Segment | None) -> None:
+        self.start, self.end, self.request, self.segment = start, end, request, segment
+
+
+def _levels(slots: Sequence[_Slot]) -> tuple[list[int], list[int]]:
+    """The number of slots in use over time: (times, level from each time on)."""
+    points = sorted([(s.start, 1) for s in slots] + [(s.end, -1) for s in slots], key=lambda p: (p[0], p[1]))
+    times: list[int] = []
+    levels: list[int] = []
+    level = 0
+    for t, step in points:
+        level += step
+        if times and times[-1] == t:
+            levels[-1] = level
+        else:
+            times.append(t)
+            levels.append(level)
+    return times, levels
+
+
+def _level_at(times: list[int], levels: list[int], t: int) -> int:
+    i = bisect.bisect_right(times, t) - 1
+    return levels[i] if i >= 0 else 0
+
+
+def _took_a_slot(slot: _Slot, ends: list[int], times: list[int], levels: list[int], ceiling: int) -> bool:
+    """True when `slot` started right after another span of its instance ended, with the
+    instance at its ceiling until then (it took the freed slot)."""
+    i = bisect.bisect_right(ends, slot.start) - 1
+    if i < 0 or slot.start - ends[i] > HANDOFF_NS or ends[i] == slot.end:
+        return False
+    return _level_at(times, levels, ends[i] - 1) >= ceiling
+
+
+def infer_queueing(timeline: Timeline) -> Timeline:
+    """Queue time the traces show only by its shape: an instance whose server spans never run
+    more than C at once and start back to back, each as another ends (it ran at a fixed
+    concurrency, its requests waiting for a slot).
+
+    - A downstream server span (below a caller's client span) that took a freed slot: the time
+      from the client span's start to the server span's start is an inferred `queue` segment.
+    - Root spans that took freed slots: their requests may have queued before the span began,
+      time the traces cannot show - or a closed-loop load (each client sending its next request
+      as its last one is answered) drove the service, which looks the same from its spans; a
+      warning says both and what would measure it.
+    """
+    by_instance: dict[int, list[_Slot]] = {}
+    for i, rt in enumerate(timeline.requests):
+        by_instance.setdefault(rt.request.pid, []).append(_Slot(rt.request.start_ns, rt.request.end_ns, i, None))
+        for s in rt.segments:
+            # a downstream server span owns no layer: only those need their attributes read
+            if s[4] is None and s[8].get(SPAN_KIND) == "server" and s.end_ns > s.start_ns:
+                by_instance.setdefault(s.pid, []).append(_Slot(s.start_ns, s.end_ns, i, s))
+    added: dict[int, list[Segment]] = {}
+    warnings: list[str] = []
+    for slots in by_instance.values():
+        if len(slots) < MIN_HANDOFFS:
+            continue
+        times, levels = _levels(slots)
+        ceiling = max(levels)
+        ends = sorted(s.end for s in slots)
+        took = [s for s in slots if _took_a_slot(s, ends, times, levels, ceiling)]
+        if len(took) < MIN_HANDOFFS:
+            continue
+        service = ""
+        for slot in took:
+            rt = timeline.requests[slot.request]
+            if slot.segment is None:
+                service = service or str(rt.request.attrs.get(SERVICE_NAME, ""))
+                continue
+            caller = next((s for s in rt.segments if s.segment_id == slot.segment.parent_id), None)
+            if caller is None or slot.segment.start_ns - caller.start_ns < NS_PER_MS:
+                continue
+            service = service or str(slot.segment.attrs.get(SERVICE_NAME, ""))
+            attrs = {INFERRED: True, INFERRED_FROM: SOURCE_DOWNSTREAM, QUEUE_SOURCE: QUEUE_SOURCE_DOWNSTREAM,
+                     INFERRED_CONCURRENCY: ceiling, INFERRED_SERVICE: service}  # fmt: skip
+            added.setdefault(slot.request, []).append(
+                Segment(rt.request.request_id, f"{slot.segment.segment_id}.queue", caller.segment_id, "queue (inferred)",
+                        QUEUE, caller.start_ns, slot.segment.start_ns, slot.segment.pid, attrs)  # fmt: skip
+            )
+        roots = [s for s in slots if s.segment is None]
+        root_took = [s for s in took if s.segment is None]
+        if roots and len(root_took) >= MIN_HANDOFFS and len(root_took) >= MIN_ROOT_HANDOFF_SHARE * len(roots):
+            warnings.append(
+                f"{service or 'a service'}: {len(root_took) / len(roots):.0%} of its requests' spans started the moment"
+                f" another ended, never more than {ceiling} at once: it ran at a fixed concurrency of {ceiling}. Either"
+                " requests queued in front of it for a free worker - time these traces do not show (trace its callers,"
+                f" or record it with `latprof run`, which times the accept backlog) - or a closed-loop load of {ceiling}"
+                " clients drove it"
+            )
+    if not added and not warnings:
+        return timeline
+    requests = [
+        RequestTimeline(rt.request, rt.segments + tuple(added[i])) if i in added else rt for i, rt in enumerate(timeline.requests)
+    ]  # fmt: skip
+    return dataclasses.replace(timeline, requests=requests, warnings=list(timeline.warnings) + warnings)

@@ -12,7 +12,7 @@ from latprof.analysis import DEFAULT_WARMUP_S, Analysis, analyze
 from latprof.capture.format import TRACE_SOURCES
 from latprof.capture.reader import read_captures
 from latprof.engine import Finding, Rule, discover_rules, run_rules
-from latprof.inference import infer_pool_waits
+from latprof.inference import infer_pool_waits, infer_queueing
 from latprof.report import Report, build_report
 from latprof.timeline import build_timeline
 
@@ -54,7 +54,7 @@ def run_diagnosis(
             attach_found = attach_findings(attach)
             return Diagnosis(None, attach_found, build_attach_report(attach, attach_found))
         if timeline.source_kind in TRACE_SOURCES:
-            timeline = infer_pool_waits(timeline)
+            timeline = infer_queueing(infer_pool_waits(timeline))
         if warmup_s is None:
             warmup_s = 0.0 if timeline.source_kind in TRACE_SOURCES else DEFAULT_WARMUP_S
         analysis = analyze(timeline, warmup_s=warmup_s)

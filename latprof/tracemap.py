@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from latprof.events import Request, Segment
+from latprof.events import NO_ATTRS, Request, Segment
 from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, TOOL
 from latprof.semconv import (
     GEN_AI_OPERATION_NAME,
@@ -49,6 +49,8 @@ GEN_AI_TTFT = "gen_ai.response.time_to_first_chunk"
 #: bool on a `provider` segment made from an HTTP client span: its end was moved from the
 #: response headers to the caller's next step.
 ENDS_AT_NEXT_STEP = "latprof.llm.extended_to_next_step"
+#: "server" on the segment of a server span below the request's root (a downstream service's).
+SPAN_KIND = "latprof.span.kind"
 #: str on a segment: the service (resource `service.name`) whose span it is.
 SERVICE_NAME = "service.name"
 #: Name of the `queue` segment made from a message's send span and its process span.
@@ -61,7 +63,6 @@ _SEND_OPERATIONS = frozenset({"send", "publish", "create"})
 _DROP = "drop"  # classify(): not a segment at all
 _LLM_HTTP = "llm-http"  # classify(): an HTTP client span to an LLM path
 _GENAI_MODEL = "genai-model"  # classify(): a GenAI model call span
-_MAX_DEPTH = 256
 
 
 def url_path(attrs: Mapping[str, Any]) -> str:
@@ -131,7 +132,7 @@ class TraceEvents:
 
 
 class _Counts:
-    __slots__ = ("duplicates", "missing_parent", "cycles", "skewed", "skew_max_ns", "skew_pairs", "instances")
+    __slots__ = ("duplicates", "missing_parent", "cycles", "skewed", "skew_max_ns", "skew_pairs", "instances", "by_resource")
 
     def __init__(self) -> None:
         self.duplicates = 0
@@ -141,22 +142,27 @@ class _Counts:
         self.skew_max_ns = 0
         self.skew_pairs: dict[tuple[str, str], int] = {}
         self.instances: dict[Any, int] = {}
+        self.by_resource: dict[int, tuple[Mapping[str, Any], str, int]] = {}
 
 
 def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> TraceEvents:
     """Group `spans` by trace and map each trace (`map_trace`); warnings say what was left out."""
     traces: dict[str, list[Span]] = {}
+    consumers = False
     for span in spans:
         bucket = traces.get(span[0])
         if bucket is None:
             traces[span[0]] = [span]
         else:
             bucket.append(span)
+        if span[4] == KIND_CONSUMER:
+            consumers = True
     producers: dict[str, Span] = {}
-    for trace in traces.values():
-        for span in trace:
-            if span[4] == KIND_PRODUCER or span.attrs.get("messaging.operation.type") in _SEND_OPERATIONS:
-                producers[span[1]] = span
+    if consumers:  # messages: their send spans, for the queue time of their process spans
+        for trace in traces.values():
+            for span in trace:
+                if span[4] == KIND_PRODUCER or span[9].get("messaging.operation.type") in _SEND_OPERATIONS:
+                    producers[span[1]] = span
     out = TraceEvents()
     counts = _Counts()
     for trace_id, trace in traces.items():
@@ -181,11 +187,15 @@ def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_P
 
 def _instance(span: Span, counts: _Counts) -> int:
     """A small number per emitting instance (service, instance id, host, pid): the requests' `pid`."""
-    resource = span.resource
-    key = (span.service, resource.get("service.instance.id"), resource.get("host.name"), resource.get("process.pid"))
+    resource = span[13]
+    cached = counts.by_resource.get(id(resource))
+    if cached is not None and cached[0] is resource and cached[1] == span[7]:
+        return cached[2]
+    key = (span[7], resource.get("service.instance.id"), resource.get("host.name"), resource.get("process.pid"))
     number = counts.instances.get(key)
     if number is None:
         number = counts.instances[key] = len(counts.instances) + 1
+    counts.by_resource[id(resource)] = (resource, span[7], number)  # one resource object per document part
     return number
 
 
@@ -225,24 +235,29 @@ def map_trace(
             counts.missing_parent += 1
             roots.append(span)
     reached = 0
+    new = tuple.__new__
     for root in roots:
         request_id = trace_id if len(roots) == 1 else f"{trace_id}:{root[1]}"
         segments: list[Segment] = []
         start_ns, end_ns = root[5], root[6]
         reached += 1
-        # depth-first: (span, parent segment id, inside an LLM model call)
-        stack: list[tuple[Span, str | None, bool, int]] = [(kid, None, False, 1) for kid in children.get(root[1], ())]
+        root_id = root[1]
+        # depth-first: (span, its parent span, inside an LLM model call)
+        stack: list[tuple[Span, Span, bool]] = [(kid, root, False) for kid in children.get(root_id, ())]
+        last_resource: Any = None
+        pid = 0
         while stack:
-            span, parent_segment, in_llm, depth = stack.pop()
+            span, parent_span, in_llm = stack.pop()
             reached += 1
             layer = classify(span, llm_paths)
-            sid = span[1]
-            pid = _instance(span, counts)
-            child_in_llm = in_llm
             if layer is _DROP:
                 continue
+            sid = span[1]
+            parent_segment = None if parent_span is root else parent_span[1]
+            if span[13] is not last_resource:
+                last_resource, pid = span[13], _instance(span, counts)
+            child_in_llm = in_llm
             s_start, s_end = span[5], span[6]
-            parent_span = by_id[span[2]]  # type: ignore[index]
             if span[7] != parent_span[7] and (s_start < parent_span[5] - 1_000_000 or s_end > parent_span[6] + 1_000_000):
                 counts.skewed += 1
                 counts.skew_max_ns = max(counts.skew_max_ns, parent_span[5] - s_start, s_end - parent_span[6])
@@ -253,34 +268,35 @@ def map_trace(
                 segments.extend(_model_call(request_id, span, parent_segment, pid))
             elif layer is _LLM_HTTP:
                 if in_llm:  # the SDK span above counts this time
-                    segments.append(Segment(request_id, sid, parent_segment, span[3], None, s_start, s_end, pid, span.attrs))
+                    segments.append(new(Segment, (request_id, sid, parent_segment, span[3], None, s_start, s_end, pid, span[9])))
                 else:
                     child_in_llm = True
                     s_end = _next_step(span, parent_span, children.get(parent_span[1], ()))
-                    attrs = {**span.attrs, SPLIT_UNKNOWN: True, LLM_CALL_ID: sid, ENDS_AT_NEXT_STEP: s_end != span[6]}
-                    segments.append(Segment(request_id, sid, parent_segment, span[3], PROVIDER, s_start, s_end, pid, attrs))
+                    attrs = {**span[9], SPLIT_UNKNOWN: True, LLM_CALL_ID: sid, ENDS_AT_NEXT_STEP: s_end != span[6]}
+                    segments.append(new(Segment, (request_id, sid, parent_segment, span[3], PROVIDER, s_start, s_end, pid, attrs)))
             else:
                 if in_llm and layer == TOOL:
                     layer = None
-                segments.append(Segment(request_id, sid, parent_segment, span[3], layer, s_start, s_end, pid, span.attrs))
+                own: Mapping[str, Any] = span[9] if span[4] != KIND_SERVER else {**span[9], SPAN_KIND: "server", SERVICE_NAME: span[7]}
+                segments.append(new(Segment, (request_id, sid, parent_segment, span[3], layer, s_start, s_end, pid, own)))
             if span[4] == KIND_CONSUMER:
                 queue = _messaging_queue(request_id, span, parent_segment, pid, producers)
                 if queue is not None:
                     segments.append(queue)
             kids = children.get(sid)
-            if kids and depth < _MAX_DEPTH:
+            if kids:
                 for kid in kids:
-                    stack.append((kid, sid, child_in_llm, depth + 1))
+                    stack.append((kid, span, child_in_llm))
         if root[4] == KIND_CONSUMER:
             queue = _messaging_queue(request_id, root, None, _instance(root, counts), producers)
             if queue is not None:
                 segments.append(queue)
                 start_ns = min(start_ns, queue.start_ns)
-        status = root.attrs.get("http.response.status_code", root.attrs.get("http.status_code"))
+        root_attrs = root[9]
+        status = root_attrs.get("http.response.status_code") or root_attrs.get("http.status_code")
         out.requests.append(
-            Request(request_id, route_of(root), start_ns, end_ns, _instance(root, counts), None,
-                    status if isinstance(status, int) and not isinstance(status, bool) else None,
-                    {SERVICE_NAME: root[7]} if root[7] else {})
+            new(Request, (request_id, route_of(root), start_ns, end_ns, _instance(root, counts), None,
+                          status if type(status) is int else None, {SERVICE_NAME: root[7]} if root[7] else NO_ATTRS))
         )  # fmt: skip
         if segments:
             out.segments_by_request[request_id] = segments

@@ -9,6 +9,7 @@ from typing import Iterable
 
 from latprof.analysis import Analysis
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
+from latprof.inference import INFERRED, INFERRED_CONCURRENCY, INFERRED_FROM, INFERRED_SERVICE
 from latprof.layers import QUEUE
 from latprof.semconv import GAUGE_ACCEPT_QUEUE, QUEUE_SOURCE
 
@@ -19,6 +20,7 @@ _SOURCE_PHRASES = {
     "limiter": "a concurrency limiter",
     "executor": "a thread pool the handlers hand work to",
     "header": "front of the service (measured from the proxy's request-start header)",
+    "downstream": "front of a called service (from the caller's client span to that service's server span)",
 }
 
 #: The first thing to change, by where the requests queued; the general advice follows it.
@@ -35,7 +37,11 @@ _SOURCE_FIXES = {
     " dependencies behind it have headroom, otherwise shed the excess early (429) instead of queueing it.",
     "header": "Requests waited in front of the service (between the proxy and the app): add worker"
     " processes or replicas.",
+    "downstream": "The called service ran at a fixed concurrency, its requests back to back: give it more"
+    " workers or replicas, or cap the callers' concurrency at what it serves.",
 }
+#: An inferred queue (no span measured it) is believed this much less than a measured one.
+INFERRED_CONFIDENCE = 0.6
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +71,9 @@ class RequestQueueing(Rule):
         `latprof.queue.source` of the queue segments, counted: backlog, threadpool,
         limiter, header, executor); peak and mean accept-queue depth from the `accept.queue_depth`
         gauge when it was recorded; the most requests in flight at once (arrived and not yet
-        answered, queued or served), from the request intervals; example request ids.
+        answered, queued or served), from the request intervals; example request ids. From
+        traces, a queue in front of a called service is inferred when that service ran at a
+        fixed concurrency with its spans back to back (`inferred: true`, lower confidence).
 
     How to fix:
         Add capacity where the requests queued: more worker processes or threads (gunicorn
@@ -105,6 +113,16 @@ class RequestQueueing(Rule):
             evidence["mean_accept_queue"] = round(sum(depth) / len(depth), 3)
         evidence["peak_in_flight"] = _peak_in_flight(analysis)
         evidence["example_request_ids"] = analysis.example_request_ids(QUEUE)
+        inferred = [s for _, s in analysis.segments(QUEUE) if s.attrs.get(INFERRED)]
+        if inferred:
+            evidence.update(
+                inferred=True,
+                inferred_from=inferred[0].attrs.get(INFERRED_FROM),
+                inferred_share_of_queue_segments=round(len(inferred) / len(analysis.segments(QUEUE)), 4),
+                services_at_fixed_concurrency=sorted(
+                    {f"{s.attrs.get(INFERRED_SERVICE) or '?'} ({s.attrs.get(INFERRED_CONCURRENCY)} at a time)" for s in inferred}
+                ),
+            )
 
         top_source = ranked[0][0] if ranked else ""
         where = _SOURCE_PHRASES.get(top_source, f"'{top_source}'") if top_source else ""
@@ -123,9 +141,15 @@ class RequestQueueing(Rule):
             " upstream instead of letting the backlog grow; autoscale on queue depth or requests in flight,"
             " not CPU."
         )
+        confidence = min(1.0, stats.share_of_tail_excess + (0.2 if depth or ranked else 0.0))
+        if inferred:
+            confidence *= INFERRED_CONFIDENCE
+            summary = "Inferred (no span times the wait): " + summary[0].lower() + summary[1:]
+            services = ", ".join(evidence["services_at_fixed_concurrency"])  # type: ignore[arg-type]
+            summary = summary[:-1] + f"; {services} ran at a fixed concurrency, its spans back to back."
         yield self.finding(
             severity=severity_for_share(stats.share_of_tail_excess),
-            confidence=stats.share_of_tail_excess + (0.2 if depth or ranked else 0.0),
+            confidence=round(confidence, 4),
             impact_ms=stats.tail_excess_ms,
             summary=summary,
             evidence=evidence,

@@ -9,8 +9,16 @@ from timelines import req, seg, timeline
 
 from latprof.analysis import analyze
 from latprof.engine import run_rules
-from latprof.inference import INFERRED, INFERRED_CEILING, gap_before_first_db, holders_during, infer_pool_waits
-from latprof.layers import DB_POOL, DB_QUERY, PROVIDER
+from latprof.inference import (
+    INFERRED,
+    INFERRED_CEILING,
+    INFERRED_CONCURRENCY,
+    gap_before_first_db,
+    holders_during,
+    infer_pool_waits,
+    infer_queueing,
+)
+from latprof.layers import DB_POOL, DB_QUERY, PROVIDER, QUEUE, TOOL
 from latprof.pipeline import default_rules
 from latprof.report import build_report
 from latprof.timeline import RequestTimeline
@@ -84,3 +92,53 @@ def test_does_not_infer_when_gaps_have_no_ceiling_behind_them():
 def test_does_not_infer_when_the_median_request_waits_too():
     tl = timeline(pooled(burst_every=2), source_kind="otlp")  # always saturated: the median waits as long
     assert infer_pool_waits(tl) is tl
+
+
+def gateway_to_backend(n: int = 300, workers: int = 1, *, burst_every: int = 30) -> list[RequestTimeline]:
+    """A gateway's requests, each calling a backend that serves `workers` at a time (FIFO)
+    for 100 ms; arrivals 300 ms apart, with a burst of 6 now and then."""
+    from latprof.tracemap import SERVICE_NAME, SPAN_KIND
+
+    free = [0.0] * workers
+    heapq.heapify(free)
+    out, t = [], 0.0
+    for i in range(n):
+        t += 0.3 if i % burst_every in range(1, 6) else 300.0
+        got = max(t + 1, heapq.heappop(free))
+        heapq.heappush(free, got + 100)
+        call = seg(TOOL, t + 1, got + 101, name="GET", id=f"call{i}")
+        served = seg(None, got, got + 100, name="GET /work", parent=f"call{i}", **{SPAN_KIND: "server", SERVICE_NAME: "backend"})
+        rt = req(t, got + 103, call, served)
+        out.append(RequestTimeline(rt.request, (rt.segments[0], rt.segments[1]._replace(pid=2))))
+    return out
+
+
+def test_a_downstream_service_at_a_fixed_concurrency_gives_inferred_queue():
+    tl = timeline(gateway_to_backend(), source_kind="otlp")
+    inferred = infer_queueing(tl)
+    queues = [s for rt in inferred.requests for s in rt.segments if s.layer == QUEUE]
+    assert queues and all(s.attrs[INFERRED] is True and s.attrs[INFERRED_CONCURRENCY] == 1 for s in queues)
+    assert all(s.parent_id.startswith("call") for s in queues)  # inside the caller's client span
+    analysis = analyze(inferred, warmup_s=0)
+    findings = run_rules(analysis, default_rules())
+    report = build_report(analysis, findings)
+    assert (report.verdict.layer, report.verdict.rule) == (QUEUE, "request-queueing"), report.verdict
+    [finding] = [f for f in findings if f.rule == "request-queueing"]
+    assert finding.evidence["inferred"] is True and finding.evidence["services_at_fixed_concurrency"] == ["backend (1 at a time)"]
+    assert finding.summary.startswith("Inferred") and finding.confidence <= 0.6
+
+
+def test_does_not_infer_a_queue_in_front_of_a_service_with_room():
+    tl = timeline(gateway_to_backend(workers=8), source_kind="otlp")
+    assert infer_queueing(tl) is tl
+
+
+def test_root_spans_back_to_back_at_a_ceiling_are_a_warning_naming_both_causes():
+    """One worker, requests back to back: queued in front of it, or a closed loop of one client."""
+    requests, t = [], 0.0
+    for i in range(50):
+        requests.append(req(t, t + 100, seg(DB_QUERY, t + 10, t + 90)))
+        t += 100.5  # the next starts half a millisecond after the last ended
+    tl = timeline(requests, source_kind="otlp")
+    [warning] = infer_queueing(tl).warnings
+    assert "fixed concurrency of 1" in warning and "closed-loop" in warning and "latprof run" in warning

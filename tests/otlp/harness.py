@@ -92,6 +92,9 @@ class Scenario:
     burst_every_s: float = 0.0
     #: The first burst this long after the load started.
     burst_offset_s: float = 0.5
+    #: The tools are served by a second traced service (apps/backend_app.py under one gunicorn
+    #: sync worker) instead of the in-process tool server.
+    traced_backend: bool = False
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -105,6 +108,9 @@ SCENARIOS: dict[str, Scenario] = {
                            provider={"ttft_ms": 150, "tpot_ms": 5, "output_tokens": 6}),
     "slow_query": Scenario(paths=_mix("/query?ms=10", "/query?ms=400"), clients=4, duration_s=8.0, pool_size=6,
                            provider={"ttft_ms": 50, "tpot_ms": 2, "output_tokens": 4}),
+    "queued_backend": Scenario(paths=("/tools?n=1&ms=100",), clients=1, burst=6, burst_every_s=2.0, duration_s=9.0,
+                               uses_db=False, uses_tools=True, traced_backend=True,
+                               provider={"ttft_ms": 50, "tpot_ms": 2, "output_tokens": 4}),
     "healthy": Scenario(paths=("/ok",), clients=5, duration_s=8.0, pool_size=6,
                         provider={"ttft_ms": 150, "tpot_ms": 5, "output_tokens": 6}),
 }  # fmt: skip
@@ -271,6 +277,27 @@ def _start_app(port: int, env: dict[str, str], log_path: Path) -> subprocess.Pop
             time.sleep(0.1)
 
 
+def _start_backend(endpoint: str, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """apps/backend_app.py under gunicorn with one sync worker, exporting to `endpoint`; (process, base URL)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"})
+    command = [sys.executable, "-m", "gunicorn", "-w", "1", "-k", "sync", "-b", f"127.0.0.1:{port}",
+               "--graceful-timeout", "10", "tests.otlp.apps.backend_app:app"]  # fmt: skip
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            _no_proxy_get(f"http://127.0.0.1:{port}/health", 1)
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                _stop_app(proc)
+                pytest.fail(f"the traced backend did not start:\n{_log_tail(log_path)}")
+            time.sleep(0.1)
+
+
 def _stop_app(proc: subprocess.Popen[bytes]) -> int:
     """SIGTERM (uvicorn's graceful shutdown: the lifespan flushes the spans), SIGKILL if it hangs; the exit code."""
     if proc.poll() is None:
@@ -314,7 +341,8 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
     out, log_path = tmp_path / OTLP_FILE, tmp_path / "server.log"
 
     with Provider(**spec.provider) as llm, OtlpReceiver(out, mode=mode) as receiver:
-        tools = ToolServer().__enter__() if spec.uses_tools else None
+        tools = ToolServer().__enter__() if spec.uses_tools and not spec.traced_backend else None
+        backend = _start_backend(receiver.endpoint, tmp_path / "backend.log") if spec.traced_backend else None
         try:
             port = free_port()
             app_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # only what we set
@@ -322,7 +350,7 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
                 "OTEL_SERVICE_NAME": f"otlp-{scenario}",
                 "PROVIDER_URL": llm.url,
-                "TOOL_URL": tools.url if tools else "",
+                "TOOL_URL": tools.url if tools else backend[1] if backend else "",
                 "APP_DB": db if spec.uses_db else "",
                 "APP_PG": PG_DSN,
                 "APP_POOL_SIZE": str(spec.pool_size),
@@ -340,9 +368,17 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
             finally:
                 code = _stop_app(proc)
             receiver.wait_idle(0.3, timeout=10)
+            if backend is not None:
+                backend_code = _stop_app(backend[0])
+                if backend_code not in (0, -signal.SIGTERM):
+                    pytest.fail(f"the traced backend exited with {backend_code}:\n{_log_tail(tmp_path / 'backend.log')}")
+                backend = None
+                receiver.wait_idle(0.3, timeout=10)
         finally:
             if tools is not None:
                 tools.__exit__(None, None, None)
+            if backend is not None:
+                _stop_app(backend[0])
     results = sorted(driver.results, key=lambda r: r["start_s"])
     (tmp_path / "driver.json").write_text(json.dumps({"scenario": scenario, "db": db if spec.uses_db else None,
                                                       "settings": dataclasses.asdict(spec), "exit_code": code,

@@ -358,6 +358,6 @@ def test_protobuf_json_mode_with_gzip(recording: Callable[..., Path]) -> None:
 
 
 def test_scenarios_defaults() -> None:
-    assert set(SCENARIOS) == {"pool_held", "sequential_tools", "agent_loop", "slow_query", "healthy"}
+    assert set(SCENARIOS) == {"pool_held", "sequential_tools", "agent_loop", "slow_query", "healthy", "queued_backend"}
     for spec in SCENARIOS.values():
         assert spec.duration_s <= 10 and spec.clients >= 1 and spec.paths

@@ -19,6 +19,8 @@ from typing import Any, Callable
 import openai
 import pytest
 
+from latprof.collectors.otlp_json import read_otlp_json
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "otlp"
 LLM_SPANS = openai.__version__.startswith("2.")
@@ -108,7 +110,8 @@ def test_protobuf_json_with_base64_ids_reads_like_the_file_exporter(recording: C
     path = recording("healthy", "asyncpg", duration_s=3, mode="protobuf-json", compression="gzip")
     report = report_of(path)
     assert report["window"]["requests"] >= 20 and report["verdict"]["status"] in ("no_tail", "too_few_requests")
-    assert not report["collection"]["warnings"]
+    # closed-loop clients look like a fixed concurrency from the server's spans: said, as nothing worse
+    assert all("fixed concurrency" in w and "closed-loop" in w for w in report["collection"]["warnings"])
     assert {"db.query", "unattributed"} <= {r["layer"] for r in report["layers"]}
 
 
@@ -133,8 +136,6 @@ def test_real_traces_from_elsewhere_read_without_error(name: str) -> None:
 
 
 def test_the_multi_service_fixture_keeps_every_service(tmp_path: Path) -> None:
-    from latprof.collectors.otlp_json import read_otlp_json
-
     read = read_otlp_json(FIXTURES / "error_timeout_masked.otlp.json")
     services = {s.service for s in read.spans}  # the services of the file's five resources
     assert services == {"cart", "frontend", "frontend-proxy", "load-generator", "product-catalog"}, services
@@ -156,3 +157,21 @@ def test_malformed_documents_give_one_line_and_exit_2(tmp_path: Path, content: b
     assert done.returncode == 2, (done.returncode, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and str(path) in lines[0], done.stderr
+
+
+def test_a_called_service_at_its_fixed_concurrency_is_queue_inferred(recording: Callable[..., Path]) -> None:
+    """A gateway calls a tool service that runs one gunicorn sync worker: bursts of calls wait in
+    its accept backlog, which no span covers; its server spans run back to back."""
+    path = recording("queued_backend")
+    report = report_of(path)
+    verdict = report["verdict"]
+    assert (verdict["layer"], verdict["rule"]) == ("queue", "request-queueing"), verdict
+    assert "inferred" in verdict["summary"]
+    found = finding(report, "request-queueing")
+    evidence = found["evidence"]
+    assert evidence["inferred"] is True and evidence["services_at_fixed_concurrency"] == ["backend (1 at a time)"]
+    assert evidence["queue_sources"] == {"downstream": evidence["queue_sources"]["downstream"]}
+    assert evidence["queue_p99_ms"] >= 200  # up to 6 calls of 100 ms ahead of the last of a burst
+    assert found["confidence"] <= 0.6
+    services = {s.service for s in read_otlp_json(path).spans}
+    assert services == {"otlp-queued_backend", "backend"}  # one trace across both services
