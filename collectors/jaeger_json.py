@@ -23,32 +23,26 @@ cannot be read is dropped, each counted into one warning per reason.
 from __future__ import annotations
 
 import gc
-import gzip
-import math
 import os
-import zlib
 from dataclasses import dataclass, field
-from typing import IO, Any, Mapping
+from typing import Any, Mapping
 
 import orjson
 
+from latprof.collectors._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
+from latprof.collectors._tracefile import read_bytes as _read_bytes
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import KIND_NAMES, KIND_UNSPECIFIED, STATUS_ERROR, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _UTF8_BOM = b"\xef\xbb\xbf"
 #: How far into a file `sniff` looks for the keys of a trace.
 _SNIFF_KEY_WINDOW = 4096
-#: Decompressed bytes read at a time (what a damaged gzip stream loses at most, besides the damage).
-_CHUNK = 1 << 16
-_HEX = "0123456789abcdef"
 _ZERO_TRACE_ID = "0" * 32
 _ZERO_SPAN_ID = "0" * 16
 _DIGITS = frozenset("0123456789")
 #: Distinct strings remembered per file to share one object of each (bounds memory).
 _SHARED_MAX = 500_000
-_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 _CHILD_OF = "CHILD_OF"
 _FOLLOWS_FROM = "FOLLOWS_FROM"
 
@@ -69,9 +63,9 @@ def sniff(head: bytes) -> bool:
 
     That is: after optional whitespace (and a UTF-8 byte order mark) a JSON object or array whose
     first few KiB hold the key `"traceID"` and the key `"spans"` or `"processes"` (a query
-    response's first trace, a bare trace, an array of traces), and neither Zipkin's `"traceId"`
-    nor OTLP's `"resourceSpans"` as keys. No parse: a latprof capture (`{"type": "header", ...`),
-    OTLP JSON, Zipkin JSON, or a response with no trace in it is False.
+    response's first trace, a bare trace, an array of traces), and neither OTLP's
+    `"resourceSpans"` nor Zipkin's `"traceId"` with `"id"` as keys. No parse: a latprof capture
+    (`{"type": "header", ...`), OTLP JSON, Zipkin JSON, or a response with no trace in it is False.
     """
     text = head[len(_UTF8_BOM):] if head.startswith(_UTF8_BOM) else head
     text = text.lstrip()
@@ -80,19 +74,11 @@ def sniff(head: bytes) -> bool:
     window = text[:_SNIFF_KEY_WINDOW]
     if _first_key(window) == b"type":  # a latprof capture's header line
         return False
-    if _has_key(window, b'"resourceSpans"') or _has_key(window, b'"resource_spans"') or _has_key(window, b'"traceId"'):
-        return False
+    if _has_key(window, b'"resourceSpans"') or _has_key(window, b'"resource_spans"'):
+        return False  # OTLP JSON
+    if _has_key(window, b'"traceId"') and _has_key(window, b'"id"'):
+        return False  # Zipkin spans
     return _has_key(window, b'"traceID"') and (_has_key(window, b'"spans"') or _has_key(window, b'"processes"'))
-
-
-def _has_key(window: bytes, key: bytes) -> bool:
-    """`key` (quoted) occurs in `window` as an object key: followed by a colon, or where the window ends."""
-    at = window.find(key)
-    while at >= 0:
-        if window[at + len(key):].lstrip()[:1] in (b":", b""):
-            return True
-        at = window.find(key, at + 1)
-    return False
 
 
 def _first_key(text: bytes) -> bytes | None:
@@ -123,71 +109,6 @@ def read_jaeger_json(path: str | os.PathLike[str]) -> JaegerRead:
         if was_enabled:
             gc.enable()
     return reader.result()
-
-
-def _open(path: str) -> IO[bytes]:
-    try:
-        raw = open(path, "rb")
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    try:
-        magic = raw.peek(2)[:2]
-    except OSError as exc:
-        raw.close()
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if magic != _GZIP_MAGIC:
-        return raw
-    raw.close()
-    return gzip.open(path, "rb")  # type: ignore[return-value]
-
-
-def _read_bytes(path: str) -> tuple[bytes, str | None]:
-    """The file's bytes (decompressed), and what was wrong with its compressed stream if it ended early."""
-    stream = _open(path)
-    chunks: list[bytes] = []
-    try:
-        if isinstance(stream, gzip.GzipFile):
-            while True:
-                chunk = stream.read(_CHUNK)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        else:
-            chunks.append(stream.read())
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        return b"".join(chunks), str(exc) or type(exc).__name__
-    except OSError as exc:
-        raise InputError(f"{path}: read failed: {exc.strerror or exc}") from None
-    finally:
-        stream.close()
-    return b"".join(chunks), None
-
-
-def _json_type(value: Any) -> str:
-    """The JSON name of a parsed value's type, for messages."""
-    return _JSON_TYPES.get(type(value), "null")
-
-
-def _hex_id(value: Any, width: int) -> str | None:
-    """`value` as `width` lowercase hex digits, left-padded with zeros; None unless a string of 1 to `width` hex digits."""
-    if type(value) is not str or not 0 < len(value) <= width:
-        return None
-    low = value.lower()
-    if low.strip(_HEX):
-        return None
-    return low if len(low) == width else low.zfill(width)
-
-
-def _micros_ns(value: Any) -> int | None:
-    """A time or duration in integer (or fractional) microseconds, in ns; None for anything but a finite number."""
-    if type(value) is int:
-        return value * 1000
-    if type(value) is float and math.isfinite(value):
-        whole = int(value)
-        return whole * 1000 + round((value - whole) * 1000)
-    return None
 
 
 def _int_text(value: str) -> int | None:
@@ -393,7 +314,11 @@ class _Reader:
         for kv in raw:
             try:
                 key = kv["key"]
-                value = _typed_value(kv.get("type"), kv["value"])
+                value = kv["value"]
+                vtype = kv.get("type")
+                t = type(value)
+                if not ((vtype == "string" and t is str) or (vtype == "int64" and t is int) or (vtype == "bool" and t is bool)):
+                    value = _typed_value(vtype, value)
             except (TypeError, KeyError, AttributeError):
                 self._note("dropped {n} tag(s) that are not key/type/value objects")
                 continue
@@ -430,7 +355,7 @@ class _Reader:
         if service is None:
             service = ""
         elif type(service) is not str:
-            self._note("read {n} process(es) whose serviceName is not a string without a service")
+            self._note("read {n} process(es) whose serviceName is not a string, with no service")
             service = ""
         tags = self._tags(process.get("tags"))
         if tags is None:
@@ -505,11 +430,17 @@ class _Reader:
                 if type(refs) is not list:
                     skip("span(s) whose references is not a list")
                     continue
-                try:
-                    parent_id, links = self._references(refs, trace_id)
-                except _Unreadable:
-                    skip("span(s) with an invalid CHILD_OF reference or parentSpanID")
-                    continue
+                ref = refs[0]
+                if not (  # the usual: one CHILD_OF reference, to a span of the same trace
+                    len(refs) == 1 and type(ref) is dict and ref.get("refType") == _CHILD_OF
+                    and ref.get("traceID") == raw_trace_id
+                    and (parent_id := _hex_id(ref.get("spanID"), 16)) is not None and parent_id != _ZERO_SPAN_ID
+                ):  # fmt: skip
+                    try:
+                        parent_id, links = self._references(refs, trace_id)
+                    except _Unreadable:
+                        skip("span(s) with an invalid CHILD_OF reference or parentSpanID")
+                        continue
             elif refs is not None and type(refs) is not list:
                 skip("span(s) whose references is not a list")
                 continue
@@ -545,7 +476,7 @@ class _Reader:
             if process is None:
                 process = self._embedded_process(sp.get("process"), embedded)
             if process is None:
-                self._note("read {n} span(s) whose process is unknown without a service")
+                self._note("read {n} span(s) whose processID names no process of their trace, with no service")
                 service, resource = "", NO_ATTRS
             else:
                 service, resource = process
@@ -559,7 +490,9 @@ class _Reader:
                 service, scope, attrs or NO_ATTRS, status_code, events, links, resource,
             )))  # fmt: skip
 
-    def _embedded_process(self, raw: Any, cache: dict[bytes, tuple[str, Mapping[str, Any]]]) -> tuple[str, Mapping[str, Any]] | None:
+    def _embedded_process(
+        self, raw: Any, cache: dict[bytes, tuple[str, Mapping[str, Any]]]
+    ) -> tuple[str, Mapping[str, Any]] | None:
         """A span's own `process` object (when it has no `processID`), one resource per distinct process."""
         if type(raw) is not dict:
             return None

@@ -79,10 +79,10 @@ def _warmup_option(fn: Any) -> Any:
         "--skip-warmup",
         "warmup_s",
         type=click.FloatRange(min=0),
-        default=None,
+        default=DEFAULT_WARMUP_S,
+        show_default=True,
         metavar="S",
-        help=f"Leave out the first S seconds of each process's traffic [default: {DEFAULT_WARMUP_S:g}; 0 for trace"
-        " files, which do not show when a process started].",
+        help="Leave out the first S seconds of each process's traffic (of each service instance's, in traces).",
     )(fn)
 
 
@@ -91,7 +91,7 @@ def _warmup_option(fn: Any) -> Any:
 @_format_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
 @_warmup_option
-def analyze(paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float | None) -> None:
+def analyze(paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float) -> None:
     """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
 
     PATHS are capture files (.jsonl or .jsonl.gz), OpenTelemetry OTLP JSON trace files (.json,
@@ -161,7 +161,7 @@ def run(
     disable: tuple[str, ...],
     list_hooks: bool,
     max_rate: float,
-    warmup_s: float | None,
+    warmup_s: float,
     cmd: tuple[str, ...],
 ) -> None:
     """Run a Python service with latprof's hooks, and diagnose it when it stops.

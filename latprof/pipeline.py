@@ -37,14 +37,10 @@ class Diagnosis:
 def run_diagnosis(
     paths: Iterable[str | os.PathLike[str]],
     *,
-    warmup_s: float | None = None,
+    warmup_s: float = DEFAULT_WARMUP_S,
     rules: Sequence[Rule] | None = None,
 ) -> Diagnosis:
-    """Read the captures at `paths`, analyse them and run the rules.
-
-    `warmup_s` None skips the default warm-up (`DEFAULT_WARMUP_S`) of a capture and none of a
-    trace file: a trace export does not show when its processes started, so its first
-    requests are no more a warm-up than any others."""
+    """Read the captures (or trace files) at `paths`, analyse them and run the rules."""
     with _gc_paused():
         timeline = build_timeline(read_captures(paths))
         if timeline.source_kind == "attach" and not timeline.requests:
@@ -55,8 +51,6 @@ def run_diagnosis(
             return Diagnosis(None, attach_found, build_attach_report(attach, attach_found))
         if timeline.source_kind in TRACE_SOURCES:
             timeline = infer_queueing(infer_pool_waits(timeline))
-        if warmup_s is None:
-            warmup_s = 0.0 if timeline.source_kind in TRACE_SOURCES else DEFAULT_WARMUP_S
         analysis = analyze(timeline, warmup_s=warmup_s)
         findings = run_rules(analysis, default_rules() if rules is None else rules)
         return Diagnosis(analysis, findings, build_report(analysis, findings))
@@ -65,7 +59,7 @@ def run_diagnosis(
 def diagnose(
     paths: Iterable[str | os.PathLike[str]],
     *,
-    warmup_s: float | None = None,
+    warmup_s: float = DEFAULT_WARMUP_S,
     rules: Sequence[Rule] | None = None,
 ) -> Report:
     """Diagnose the captures at `paths` and return the report."""

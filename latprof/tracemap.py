@@ -129,6 +129,8 @@ class TraceEvents:
     segments_by_request: dict[str, list[Segment]] = field(default_factory=dict)
     segment_count: int = 0
     warnings: list[str] = field(default_factory=list)
+    #: The emitting instances by the number the events carry as `pid`: service name, instance id, host, pid.
+    instances: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class _Counts:
@@ -167,6 +169,10 @@ def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_P
     counts = _Counts()
     for trace_id, trace in traces.items():
         map_trace(trace_id, trace, out, counts, llm_paths, producers)
+    out.instances = {
+        number: {k: v for k, v in zip(("service.name", "service.instance.id", "host.name", "process.pid"), key) if v not in (None, "")}
+        for key, number in counts.instances.items()
+    }  # fmt: skip
     if counts.duplicates:
         out.warnings.append(f"{counts.duplicates} span(s) recorded twice under one id (same trace); kept the first")
     if counts.missing_parent:

@@ -142,3 +142,12 @@ def test_requests_of_each_service_instance_get_their_own_pid():
     pids = {r.request_id[:1]: r.pid for r in map_spans([one, two, three]).requests}
     assert pids["a"] == pids["9"] != pids["e"]
     assert isinstance(map_spans([one]).requests[0], Request)
+
+
+def test_the_instances_behind_the_pids_are_kept_with_their_service():
+    one = server(0, 10)._replace(resource={"service.instance.id": "i-1", "host.name": "h"})
+    call = span("SELECT", 1, 2, parent=one, kind=KIND_CLIENT, service="db-svc", **{"db.system.name": "postgresql"})
+    events = map_spans([one, call])
+    [segment] = events.segments_by_request["a" * 32]
+    assert events.instances[events.requests[0].pid] == {"service.name": "api", "service.instance.id": "i-1", "host.name": "h"}
+    assert events.instances[segment.pid] == {"service.name": "db-svc"}

@@ -1,4 +1,4 @@
-"""Read captures: JSONL files (plain or gzip, several writers interleaved), OTLP JSON trace files, directories of them."""
+"""Read captures: JSONL files (plain or gzip, several writers interleaved), trace files (OTLP, Jaeger, Zipkin JSON), directories of them."""
 
 from __future__ import annotations
 
@@ -70,10 +70,10 @@ def expand_inputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
             found = sorted(
                 p for p in path.iterdir()
                 if p.is_file() and p.name.endswith(_CAPTURE_SUFFIXES)
-                and (not p.name.endswith(_TRACE_SUFFIXES) or _is_otlp_json(p))  # other JSON files are not ours
+                and (not p.name.endswith(_TRACE_SUFFIXES) or _trace_format(p) is not None)  # other JSON files are not ours
             )  # fmt: skip
             if not found:
-                raise InputError(f"{path}: directory holds no capture files (*.jsonl, *.jsonl.gz) nor OTLP JSON traces")
+                raise InputError(f"{path}: directory holds no capture files (*.jsonl, *.jsonl.gz) nor trace files (OTLP, Jaeger or Zipkin JSON)")
             files.extend(found)
         elif path.exists():
             files.append(path)
@@ -92,16 +92,21 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
     """
     data = CaptureData()
     spans: list[Span] = []
+    kinds: list[str] = []  # the source kind of each trace format read, in order
     for path in expand_inputs(paths):
         data.inputs.append(str(path))
-        if _is_otlp_json(path):
-            read = _otlp_json().read_otlp_json(path)
+        trace_format = _trace_format(path)
+        if trace_format is not None:
+            kind, module, read_name = trace_format
+            read = getattr(_collector(module), read_name)(path)
             spans.extend(read.spans)
             data.warnings.extend(read.warnings)
+            if kind not in kinds:
+                kinds.append(kind)
         else:
             _read_file(path, data)
     if spans:
-        _add_traces(spans, data)
+        _add_traces(spans, kinds, data)
     if not data.event_count:
         raise InputError(
             f"{', '.join(data.inputs)}: capture holds no events (did the service receive any traffic?)"
@@ -109,30 +114,44 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
     return data
 
 
-def _is_otlp_json(path: Path) -> bool:
-    """True when the file's content (not its name) is OTLP JSON traces."""
+#: Trace formats: (report-v1 source kind, reader module in latprof.collectors, its read function), tried in order.
+TRACE_FORMATS = (
+    ("otlp", "otlp_json", "read_otlp_json"),
+    ("jaeger", "jaeger_json", "read_jaeger_json"),
+    ("zipkin", "zipkin_json", "read_zipkin_json"),
+)
+
+
+def _trace_format(path: Path) -> tuple[str, str, str] | None:
+    """The trace format the file's content (not its name) is in, or None (a capture, or not ours)."""
     try:
         with _open(path) as stream:
             head = stream.read(_SNIFF_BYTES)
     except (EOFError, gzip.BadGzipFile, zlib.error):
-        return False  # damaged: the capture reader says so
+        return None  # damaged: the capture reader says so
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return bool(_otlp_json().sniff(head))
+    if head.lstrip()[:1] not in (b"{", b"[", b"\xef"):
+        return None
+    for trace_format in TRACE_FORMATS:
+        if _collector(trace_format[1]).sniff(head):
+            return trace_format
+    return None
 
 
-def _otlp_json() -> Any:
+def _collector(module: str) -> Any:
     # `latprof.collectors` is installed from collectors/ (a package-dir mapping mypy does not follow)
-    return importlib.import_module("latprof.collectors.otlp_json")
+    return importlib.import_module(f"latprof.collectors.{module}")
 
 
-def _add_traces(spans: list[Span], data: CaptureData) -> None:
+def _add_traces(spans: list[Span], kinds: list[str], data: CaptureData) -> None:
     """Map the spans of every trace file read (a trace can span files) into requests and segments."""
     from latprof.tracemap import map_spans
 
-    if len(spans) and not any(h.get("source") == "otlp" for h in data.headers):
-        data.headers.append({"source": "otlp", "collectors": ["otlp-json"]})
     events = map_spans(spans)
+    # the `pid` of trace events numbers the emitting instances: which service each one is
+    data.headers.append({"source": kinds[0], "collectors": [f"{kind}-json" for kind in kinds],
+                         "instances": {str(n): about for n, about in events.instances.items()}})  # fmt: skip
     data.requests.extend(events.requests)
     for rid, segments in events.segments_by_request.items():
         data.segments_by_request.setdefault(rid, []).extend(segments)
@@ -313,5 +332,5 @@ def _check_attrs(attrs: Any) -> Any:
 
 
 def _not_a_capture(path: Path, first_line: bytes) -> str:
-    return f"{path}: not a latprof capture (it must start with a {SCHEMA} header line) nor OTLP JSON traces"
+    return f"{path}: not a latprof capture (it must start with a {SCHEMA} header line) nor a trace file (OTLP, Jaeger or Zipkin JSON)"
 

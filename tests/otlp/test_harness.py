@@ -345,7 +345,7 @@ def test_agent_loop(recording: Callable[..., Path]) -> None:
 
 def test_protobuf_json_mode_with_gzip(recording: Callable[..., Path]) -> None:
     """mode="protobuf-json": MessageToDict as protobuf writes it (base64 ids, enum names); the exporter gzips."""
-    path = recording("healthy", "asyncpg", duration_s=3, mode="protobuf-json", compression="gzip")
+    path = recording("healthy", "asyncpg", duration_s=5, mode="protobuf-json", compression="gzip")
     spans = flat_spans(read_lines(path))
     assert spans and len([s for s in spans if s["kind"] == "SPAN_KIND_SERVER"]) == len(recorded_requests(path))
     for span in spans:

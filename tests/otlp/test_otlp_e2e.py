@@ -26,8 +26,8 @@ FIXTURES = ROOT.parent / "shared" / "fixtures" / "otlp"
 LLM_SPANS = openai.__version__.startswith("2.")
 
 
-def analyze(*paths: Path, fmt: str = "json") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "latprof", "analyze", "--format", fmt, *map(str, paths)],
+def analyze(*args: Path | str, fmt: str = "json") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "latprof", "analyze", "--format", fmt, *map(str, args)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
@@ -107,9 +107,9 @@ def test_a_healthy_service_gets_no_verdict(recording: Callable[..., Path]) -> No
 
 
 def test_protobuf_json_with_base64_ids_reads_like_the_file_exporter(recording: Callable[..., Path]) -> None:
-    path = recording("healthy", "asyncpg", duration_s=3, mode="protobuf-json", compression="gzip")
+    path = recording("healthy", "asyncpg", duration_s=5, mode="protobuf-json", compression="gzip")
     report = report_of(path)
-    assert report["window"]["requests"] >= 20 and report["verdict"]["status"] in ("no_tail", "too_few_requests")
+    assert report["window"]["requests"] >= 50 and report["verdict"]["status"] == "no_tail", report["verdict"]
     # closed-loop clients look like a fixed concurrency from the server's spans: said, as nothing worse
     assert all("fixed concurrency" in w and "closed-loop" in w for w in report["collection"]["warnings"])
     assert {"db.query", "unattributed"} <= {r["layer"] for r in report["layers"]}
@@ -128,9 +128,12 @@ def test_a_gzipped_file_and_a_directory_of_them_read_the_same(recording: Callabl
 @pytest.mark.parametrize("name", ["error_timeout_masked.otlp.json", "sibling_errors.otlp.json"])
 def test_real_traces_from_elsewhere_read_without_error(name: str) -> None:
     report = report_of(FIXTURES / name)
-    assert report["window"]["requests"] == 1  # one trace (no warm-up left out of a trace file)
+    assert report["window"]["requests"] == 0 and report["collection"]["warmup_requests_skipped"] == 1  # one trace
     assert report["verdict"]["status"] == "too_few_requests"  # no verdict, but a report
-    assert report["latency_ms"]["p50"] > 0 and report["layers"]
+    done = analyze(FIXTURES / name, "--skip-warmup", "0")
+    assert done.returncode == 0, done.stderr
+    kept = json.loads(done.stdout)
+    assert kept["window"]["requests"] == 1 and kept["latency_ms"]["p50"] > 0 and kept["layers"]
     text = analyze(FIXTURES / name, fmt="text")
     assert text.returncode == 0 and "Traceback" not in text.stderr
 

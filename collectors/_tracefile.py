@@ -1,0 +1,90 @@
+"""What the trace file readers share: opening plain or gzip files, reading them whole, ids and microsecond times."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import zlib
+from typing import IO, Any
+
+from latprof.errors import InputError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 16
+_HEX = "0123456789abcdef"
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def has_key(window: bytes, key: bytes) -> bool:
+    """`key` (quoted) occurs in `window` as an object key: followed by a colon, or where the window ends."""
+    at = window.find(key)
+    while at >= 0:
+        if window[at + len(key):].lstrip()[:1] in (b":", b""):
+            return True
+        at = window.find(key, at + 1)
+    return False
+
+
+def open_file(path: str) -> IO[bytes]:
+    try:
+        raw = open(path, "rb")
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    try:
+        magic = raw.peek(2)[:2]
+    except OSError as exc:
+        raw.close()
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if magic != _GZIP_MAGIC:
+        return raw
+    raw.close()
+    return gzip.open(path, "rb")  # type: ignore[return-value]
+
+
+def read_bytes(path: str) -> tuple[bytes, str | None]:
+    """The file's bytes (decompressed), and what was wrong with its compressed stream if it ended early."""
+    stream = open_file(path)
+    chunks: list[bytes] = []
+    try:
+        if isinstance(stream, gzip.GzipFile):
+            while True:
+                chunk = stream.read(_CHUNK)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        else:
+            chunks.append(stream.read())
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        return b"".join(chunks), str(exc) or type(exc).__name__
+    except OSError as exc:
+        raise InputError(f"{path}: read failed: {exc.strerror or exc}") from None
+    finally:
+        stream.close()
+    return b"".join(chunks), None
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type, for messages."""
+    return _JSON_TYPES.get(type(value), "null")
+
+
+def hex_id(value: Any, width: int) -> str | None:
+    """`value` as `width` lowercase hex digits, left-padded with zeros; None unless a string of 1 to `width` hex digits."""
+    if type(value) is not str or not 0 < len(value) <= width:
+        return None
+    low = value.lower()
+    if low.strip(_HEX):
+        return None
+    return low if len(low) == width else low.zfill(width)
+
+
+def micros_ns(value: Any) -> int | None:
+    """A time or duration in integer (or fractional) microseconds, in ns; None for anything but a finite number."""
+    if type(value) is int:
+        return value * 1000
+    if type(value) is float and math.isfinite(value):
+        whole = int(value)
+        return whole * 1000 + round((value - whole) * 1000)
+    return None
