@@ -206,34 +206,18 @@ class _Slot:
         self.start, self.end, self.request, self.segment = start, end, request, segment
 
 
-def _levels(slots: Sequence[_Slot]) -> tuple[list[int], list[int]]:
-    """The number of slots in use over time: (times, level from each time on)."""
-    points = sorted([(s.start, 1) for s in slots] + [(s.end, -1) for s in slots], key=lambda p: (p[0], p[1]))
-    times: list[int] = []
-    levels: list[int] = []
-    level = 0
-    for t, step in points:
-        level += step
-        if times and times[-1] == t:
-            levels[-1] = level
-        else:
-            times.append(t)
-            levels.append(level)
-    return times, levels
+def _in_use(starts: list[int], ends: list[int], t: int) -> int:
+    """How many of the spans (their sorted starts and ends) were running at `t`."""
+    return bisect.bisect_right(starts, t) - bisect.bisect_right(ends, t)
 
 
-def _level_at(times: list[int], levels: list[int], t: int) -> int:
-    i = bisect.bisect_right(times, t) - 1
-    return levels[i] if i >= 0 else 0
-
-
-def _took_a_slot(slot: _Slot, ends: list[int], times: list[int], levels: list[int], ceiling: int) -> bool:
-    """True when `slot` started right after another span of its instance ended, with the
-    instance at its ceiling until then (it took the freed slot)."""
-    i = bisect.bisect_right(ends, slot.start) - 1
-    if i < 0 or slot.start - ends[i] > HANDOFF_NS or ends[i] == slot.end:
+def _took_a_slot(start: int, starts: list[int], ends: list[int], ceiling: int) -> bool:
+    """True when a span starting at `start` started right after another span of its instance
+    ended, with the instance at its ceiling until then (it took the freed slot)."""
+    i = bisect.bisect_right(ends, start) - 1
+    if i < 0 or start - ends[i] > HANDOFF_NS:
         return False
-    return _level_at(times, levels, ends[i] - 1) >= ceiling
+    return _in_use(starts, ends, ends[i] - 1) >= ceiling
 
 
 def infer_queueing(timeline: Timeline) -> Timeline:
@@ -260,10 +244,11 @@ def infer_queueing(timeline: Timeline) -> Timeline:
     for slots in by_instance.values():
         if len(slots) < MIN_HANDOFFS:
             continue
-        times, levels = _levels(slots)
-        ceiling = max(levels)
+        starts = sorted(s.start for s in slots)
         ends = sorted(s.end for s in slots)
-        took = [s for s in slots if _took_a_slot(s, ends, times, levels, ceiling)]
+        # the most running at once is reached at some start: those started so far minus those ended
+        ceiling = max(i - bisect.bisect_right(ends, t) for i, t in enumerate(starts, 1))
+        took = [s for s in slots if _took_a_slot(s.start, starts, ends, ceiling)]
         if len(took) < MIN_HANDOFFS:
             continue
         service = ""
