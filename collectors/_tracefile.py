@@ -7,6 +7,8 @@ import math
 import zlib
 from typing import IO, Any
 
+import orjson
+
 from latprof.errors import InputError
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -88,3 +90,38 @@ def micros_ns(value: Any) -> int | None:
         whole = int(value)
         return whole * 1000 + round((value - whole) * 1000)
     return None
+
+
+def parse_values(path: str, data: bytes, damage: str | None, warnings: list[str], what: str) -> list[tuple[int, Any]]:
+    """The file's JSON values, each with the line it is on (0 for a file that is one value).
+
+    One value (compact or pretty-printed), else JSON Lines if the first line is a value of
+    its own: then a line that is not valid JSON is fatal unless it is the last (torn, and said
+    in `warnings`). `what` names the format in messages ("Jaeger JSON traces").
+    """
+    loads = orjson.loads
+    JSONDecodeError = orjson.JSONDecodeError
+    try:
+        return [(0, loads(data))]
+    except JSONDecodeError as exc:
+        whole = exc
+    docs: list[tuple[int, Any]] = []
+    torn: tuple[int, str] | None = None
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        if torn is not None:
+            raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the file is damaged before its end")
+        try:
+            docs.append((lineno, loads(line)))
+        except JSONDecodeError as exc:
+            if not docs:  # not JSON Lines: one document, damaged
+                if data.lstrip()[:1] not in (b"{", b"["):
+                    raise InputError(f"{path}: not {what}: not JSON ({whole})") from None
+                if damage is not None:
+                    raise InputError(f"{path}: compressed stream is truncated or damaged ({damage})") from None
+                raise InputError(f"{path}: truncated or not valid JSON: {whole}") from None
+            torn = (lineno, f"not valid JSON: {exc}")
+    if torn is not None:
+        warnings.append(f"{path}:{torn[0]}: skipped a torn last line ({torn[1]})")
+    return docs

@@ -36,11 +36,11 @@ from typing import IO, Any, Mapping
 
 import orjson
 
+from latprof.collectors._tracefile import open_file
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import KIND_NAMES, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _UTF8_BOM = b"\xef\xbb\xbf"
 #: How far into a file `sniff` looks for the top-level key.
 _SNIFF_KEY_WINDOW = 512
@@ -130,19 +130,6 @@ def read_otlp_json(path: str | os.PathLike[str]) -> OtlpRead:
         if was_enabled:
             gc.enable()
     return reader.result()
-
-
-def _open(path: str) -> IO[bytes]:
-    try:
-        raw = open(path, "rb")
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    if raw.peek(2)[:2] != _GZIP_MAGIC:
-        return raw
-    raw.close()
-    return gzip.open(path, "rb")  # type: ignore[return-value]
 
 
 def _canon_id(value: Any, hex_len: int) -> str | None:
@@ -265,7 +252,7 @@ class _Reader:
 
     def read(self) -> None:
         path = self.path
-        stream = _open(path)
+        stream = open_file(path)
         lineno = 0
         try:
             first = b""

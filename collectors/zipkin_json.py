@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import orjson
 
 from latprof.collectors._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
-from latprof.collectors._tracefile import read_bytes as _read_bytes
+from latprof.collectors._tracefile import parse_values as _parse_values, read_bytes as _read_bytes
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import (
@@ -196,7 +196,7 @@ class _Reader:
             if damage is not None:
                 raise InputError(f"{path}: compressed stream is truncated or damaged ({damage})")
             raise InputError(f"{path}: file is empty")
-        docs = self._parse(data, damage)
+        docs = _parse_values(self.path, data, damage, self.warnings, "Zipkin JSON spans")
         if damage is not None:
             self.warnings.append(f"{path}: compressed stream is truncated or damaged ({damage}); read what came before it")
         self._check_first(docs[0][1])
@@ -204,40 +204,6 @@ class _Reader:
             self._take(doc)
         if len(self.shared) > _SHARED_MAX:
             self.shared.clear()
-
-    def _parse(self, data: bytes, damage: str | None) -> list[tuple[int, Any]]:
-        """The file's JSON values, each with the line it is on (0 for a file that is one value).
-
-        One value (compact or pretty-printed), else JSON Lines if the first line is a value of
-        its own: then a line that is not valid JSON is fatal unless it is the last (torn).
-        """
-        path = self.path
-        loads = orjson.loads
-        JSONDecodeError = orjson.JSONDecodeError
-        try:
-            return [(0, loads(data))]
-        except JSONDecodeError as exc:
-            whole = exc
-        docs: list[tuple[int, Any]] = []
-        torn: tuple[int, str] | None = None
-        for lineno, line in enumerate(data.split(b"\n"), 1):
-            if not line.strip():
-                continue
-            if torn is not None:
-                raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the file is damaged before its end")
-            try:
-                docs.append((lineno, loads(line)))
-            except JSONDecodeError as exc:
-                if not docs:  # not JSON Lines: one document, damaged
-                    if data.lstrip()[:1] not in (b"{", b"["):
-                        raise InputError(f"{path}: not Zipkin JSON spans: not JSON ({whole})") from None
-                    if damage is not None:
-                        raise InputError(f"{path}: compressed stream is truncated or damaged ({damage})") from None
-                    raise InputError(f"{path}: truncated or not valid JSON: {whole}") from None
-                torn = (lineno, f"not valid JSON: {exc}")
-        if torn is not None:
-            self.warnings.append(f"{path}:{torn[0]}: skipped a torn last line ({torn[1]})")
-        return docs
 
     def _check_first(self, doc: Any) -> None:
         """Raise unless the file's first JSON value is an array of spans or of traces."""
