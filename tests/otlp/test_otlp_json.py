@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from fuzzing import mutations
 import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -611,32 +612,7 @@ def _mutations(doc: dict[str, Any], rng: random.Random, count: int) -> list[Any]
     junk = [None, 0, -1, 7, 2.5, 1e29, 2**64 - 1, True, "", "x", " 5", "1_0", "NaN", "0" * 16, "A" * 32, TRACE.upper(), "t61rcWkgMzE=",
             "AAAAAAAAAAA=", "SPAN_KIND_CLIENT", "STATUS_CODE_ERROR", [], [1], {}, {"a": 1}, {"stringValue": "s"},
             {"intValue": "12"}, "1764000000000000000"]  # fmt: skip
-    paths: list[list[Any]] = []
-
-    def walk(node: Any, where: list[Any]) -> None:
-        if where:
-            paths.append(where)
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, [*where, key])
-        elif isinstance(node, list):
-            for index, value in enumerate(node):
-                walk(value, [*where, index])
-
-    walk(doc, [])
-    out = []
-    for _ in range(count):
-        copy = orjson.loads(orjson.dumps(doc))
-        *parents, last = rng.choice(paths)
-        node = copy
-        for step in parents:
-            node = node[step]
-        if isinstance(node, dict) and rng.random() < 0.2:
-            del node[last]
-        else:
-            node[last] = rng.choice(junk)
-        out.append(copy)
-    return out
+    return mutations(doc, rng, count, junk)
 
 
 def test_junk_anywhere_is_read_or_an_input_error_and_both_paths_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from fuzzing import mutations
 import pytest
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
@@ -741,32 +742,7 @@ def _mutations(doc: Any, rng: random.Random, count: int) -> list[Any]:
     junk = [None, 0, -1, 7, 2.5, -2.5, 1e300, 2**64 - 1, True, False, "", "x", " 5", "NaN", "true", "0" * 16, "A" * 32,
             "CHILD_OF", "FOLLOWS_FROM", "server", "ERROR", "int64", "float64", "bool", "binary", [], [1], [None], {}, {"a": 1},
             {"key": "k", "type": "int64", "value": "x"}, "1700000000123456"]  # fmt: skip
-    paths: list[list[Any]] = []
-
-    def walk(node: Any, where: list[Any]) -> None:
-        if where:
-            paths.append(where)
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, [*where, key])
-        elif isinstance(node, list):
-            for index, value in enumerate(node):
-                walk(value, [*where, index])
-
-    walk(doc, [])
-    out = []
-    for _ in range(count):
-        copy = orjson.loads(orjson.dumps(doc))
-        *parents, last = rng.choice(paths)
-        node = copy
-        for step in parents:
-            node = node[step]
-        if isinstance(node, dict) and rng.random() < 0.2:
-            del node[last]
-        else:
-            node[last] = rng.choice(junk)
-        out.append(copy)
-    return out
+    return mutations(doc, rng, count, junk)
 
 
 def _check_outcome(path: Path) -> str:

@@ -1,0 +1,38 @@
+"""Junk documents for the trace readers' fuzz tests: one value anywhere replaced, or one key deleted."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Sequence
+
+import orjson
+
+
+def mutations(doc: Any, rng: random.Random, count: int, junk: Sequence[Any]) -> list[Any]:
+    """`count` copies of `doc`, each with one value somewhere replaced by one of `junk`, or one key deleted."""
+    paths: list[list[Any]] = []
+
+    def walk(node: Any, where: list[Any]) -> None:
+        if where:
+            paths.append(where)
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, [*where, key])
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, [*where, index])
+
+    walk(doc, [])
+    out = []
+    for _ in range(count):
+        copy = orjson.loads(orjson.dumps(doc))
+        *parents, last = rng.choice(paths)
+        node = copy
+        for step in parents:
+            node = node[step]
+        if isinstance(node, dict) and rng.random() < 0.2:
+            del node[last]
+        else:
+            node[last] = rng.choice(junk)
+        out.append(copy)
+    return out
