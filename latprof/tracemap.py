@@ -27,6 +27,7 @@ An HTTP call inside a GenAI model span is that call's transport: it gets no laye
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
 from latprof.events import NO_ATTRS, Request, Segment
@@ -134,7 +135,7 @@ class TraceEvents:
 
 
 class _Counts:
-    __slots__ = ("duplicates", "missing_parent", "cycles", "skewed", "skew_max_ns", "skew_pairs", "instances", "by_resource")
+    __slots__ = ("duplicates", "missing_parent", "cycles", "skewed", "skew_max_ns", "skew_pairs", "instances", "by_resource", "services")
 
     def __init__(self) -> None:
         self.duplicates = 0
@@ -145,6 +146,7 @@ class _Counts:
         self.skew_pairs: dict[tuple[str, str], int] = {}
         self.instances: dict[Any, int] = {}
         self.by_resource: dict[int, tuple[Mapping[str, Any], str, int]] = {}
+        self.services: dict[str, Mapping[str, Any]] = {}
 
 
 def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> TraceEvents:
@@ -189,6 +191,16 @@ def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_P
             f" {counts.skew_max_ns / 1e6:.1f} ms ({pairs}): clock skew between services? Clipped to their parent"
         )
     return out
+
+
+def _service_attrs(service: str, counts: _Counts) -> Mapping[str, Any]:
+    """A request root's attributes: its service, one mapping per service shared by its requests."""
+    if not service:
+        return NO_ATTRS
+    attrs = counts.services.get(service)
+    if attrs is None:
+        attrs = counts.services[service] = MappingProxyType({SERVICE_NAME: service})
+    return attrs
 
 
 def _instance(span: Span, counts: _Counts) -> int:
@@ -302,7 +314,7 @@ def map_trace(
         status = root_attrs.get("http.response.status_code") or root_attrs.get("http.status_code")
         out.requests.append(
             new(Request, (request_id, route_of(root), start_ns, end_ns, _instance(root, counts), None,
-                          status if type(status) is int else None, {SERVICE_NAME: root[7]} if root[7] else NO_ATTRS))
+                          status if type(status) is int else None, _service_attrs(root[7], counts)))
         )  # fmt: skip
         if segments:
             out.segments_by_request[request_id] = segments
