@@ -14,7 +14,7 @@ from latprof.events import QualityRecord
 from latprof.semconv import NOTE_HOOKS_LOADED
 
 #: Modules of `latprof.collectors` that are not hooks.
-_NOT_HOOKS = frozenset({"runtime", "bootstrap", "pyspy", "procfs", "sockdiag", "pg_activity", "otlp_json", "jaeger_json", "zipkin_json"})  # attach and trace readers
+_NOT_HOOKS = frozenset({"runtime", "bootstrap", "pyspy", "procfs", "sockdiag", "pg_activity", "otlp_json", "otlp_proto", "jaeger_json", "zipkin_json"})  # attach and trace readers
 
 
 def hook_names() -> list[str]:

@@ -132,6 +132,21 @@ def read_otlp_json(path: str | os.PathLike[str]) -> OtlpRead:
     return reader.result()
 
 
+def spans_from_document(doc: Any) -> tuple[list[Span], list[str], int]:
+    """The spans of one parsed `ExportTraceServiceRequest` object (or a `{"result": ...}` wrapping one).
+
+    Returns the spans, what was skipped or dropped to read them (one line per reason, with its
+    count, naming no file), and how many spans the document held, read or not. For
+    `latprof receive`, whose requests are documents already parsed. Raises `TypeError` when
+    `doc` is not a JSON object.
+    """
+    if type(doc) is not dict:
+        raise TypeError(f"an ExportTraceServiceRequest is a JSON object, not a JSON {_json_type(doc)}")
+    reader = _Reader("")
+    reader._take(doc, in_array=True)
+    return reader.spans, reader.count_warnings(""), reader.offered
+
+
 def _canon_id(value: Any, hex_len: int) -> str | None:
     """The lowercase hex form of an id (`hex_len` digits) given in hex, any case, or in base64; None if neither.
 
@@ -245,6 +260,8 @@ class _Reader:
         #: Parent span ids (valid ones, lowercase hex): one object of each.
         self.parent_ids: dict[str, str] = {}
         self.other_signals = 0
+        #: Spans met in scopeSpans lists, read or not.
+        self.offered = 0
         #: The line being read (the last one read, after a failure).
         self.lineno = 0
 
@@ -485,6 +502,7 @@ class _Reader:
         """
         out: list[Any] = self.spans
         first = len(out)
+        self.offered += len(spans)
         out_append = out.append
         new_tuple = tuple.__new__
         trace_ids = self.trace_ids
@@ -736,15 +754,18 @@ class _Reader:
 
     # --- the result ----------------------------------------------------------------------
 
+    def count_warnings(self, prefix: str) -> list[str]:
+        """One line per reason something was skipped or dropped, with its count, each after `prefix`."""
+        lines = [f"{prefix}skipped {count} {reason}" for reason, count in self.skipped.items()]
+        lines += [f"{prefix}{note.format(n=count)}" for note, count in self.notes.items()]
+        if self.other_signals:
+            lines.append(f"{prefix}skipped {self.other_signals} OTLP metrics, logs or profiles request(s) (not traces)")
+        return lines
+
     def result(self) -> OtlpRead:
         path = self.path
         warnings = self.warnings
-        for reason, count in self.skipped.items():
-            warnings.append(f"{path}: skipped {count} {reason}")
-        for note, count in self.notes.items():
-            warnings.append(f"{path}: {note.format(n=count)}")
-        if self.other_signals:
-            warnings.append(f"{path}: skipped {self.other_signals} OTLP metrics, logs or profiles request(s) (not traces)")
+        warnings.extend(self.count_warnings(f"{path}: "))
         if not self.spans:
             if not self.documents and self.other_signals:
                 raise InputError(f"{path}: not OTLP JSON traces: it holds OTLP metrics, logs or profiles only")

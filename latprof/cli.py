@@ -284,6 +284,83 @@ def _attach_progress(duration_s: float) -> Any:
 
 
 @main.command()
+@click.option("--listen", metavar="HOST:PORT",
+              help="Where to serve OTLP/HTTP [default: 127.0.0.1:4318]. Another address than loopback is used only when"
+              " named here, with a warning.")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="The trace file written, OTLP JSON lines [default: latprof-receive-<date>-<time>.otlp.jsonl].")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="Stop after S seconds [default: at Ctrl-C or SIGTERM].")
+@click.option("--max-spans", type=click.IntRange(min=1), metavar="N",
+              help="Keep at most N spans; exporters are told the rest were rejected (partial success) [default: 2,000,000].")
+@_format_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
+@_warmup_option
+def receive(listen: str | None, out: Path | None, duration_s: float | None, max_spans: int | None, fmt: str,
+            output: Path | None, warmup_s: float) -> None:  # fmt: skip
+    """Receive traces from running services over OTLP/HTTP until Ctrl-C (or --duration), then diagnose them.
+
+    Point a service's OpenTelemetry exporter here, e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318
+    and OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf: POST /v1/traces takes protobuf or OTLP JSON bodies,
+    gzip or not. What arrives is written to --out as OTLP JSON lines, which `latprof analyze` reads.
+    """
+    import signal
+    import threading
+
+    from latprof.pipeline import run_diagnosis
+    from latprof.receive import DEFAULT_LISTEN, DEFAULT_MAX_SPANS, Receiver, is_loopback, parse_listen
+
+    host, port = parse_listen(listen or DEFAULT_LISTEN)
+    if not is_loopback(host):
+        click.echo(f"latprof receive: warning: {host} is not a loopback address: whatever reaches this host on port {port}"
+                   " can send spans", err=True)  # fmt: skip
+    capture = out or Path(time.strftime("latprof-receive-%Y%m%d-%H%M%S.otlp.jsonl"))
+    receiver = Receiver(host, port, capture, max_spans=max_spans or DEFAULT_MAX_SPANS)
+    click.echo(f"latprof receive: listening on {receiver.endpoint} (OTLP/HTTP, protobuf or JSON), writing {capture};"
+               + (f" diagnosing after {duration_s:g} s" if duration_s else " Ctrl-C to stop and diagnose"), err=True)  # fmt: skip
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stats = receiver.serve(stop, duration_s, _receive_progress())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if sys.stderr.isatty():
+            click.echo("", err=True)
+    for line in stats.summary_lines():
+        click.echo(f"latprof receive: {line}", err=True)
+    if receiver.write_error is not None:
+        raise InputError(f"{capture}: cannot write: {receiver.write_error}")
+    if not stats.spans:
+        capture.unlink(missing_ok=True)  # nothing in it
+        raise CollectorError(f"no spans received on {receiver.endpoint}; was OTEL_EXPORTER_OTLP_ENDPOINT set to {receiver.base_url}?")
+    click.echo(f"latprof: capture written to {capture} ({stats.spans:,} spans from {stats.requests:,} export requests)", err=True)
+    diagnosis = run_diagnosis([capture], warmup_s=warmup_s, source_kind="receive")
+    _emit(lambda stream: renderers.get(fmt)(diagnosis.report, stream), output)
+    _KEEP_UNTIL_EXIT.append(diagnosis)
+
+
+def _receive_progress() -> Any:
+    """A `\\r` line on a terminal (every tick); otherwise a line every 5 s while spans arrive."""
+    tty = sys.stderr.isatty()
+    last_at, last_counts = 0.0, (0, 0)
+
+    def progress(stats: Any, elapsed_s: float) -> None:
+        nonlocal last_at, last_counts
+        line = f"latprof receive: {stats.spans:,} spans from {stats.requests:,} requests in {elapsed_s:.0f} s"
+        refused = stats.rejected_spans + stats.dropped_spans
+        if refused:
+            line += f", {refused:,} spans refused"
+        if tty:
+            click.echo(f"\r{line}   ", err=True, nl=False)
+        elif elapsed_s - last_at >= 5 and (stats.spans, stats.requests) != last_counts:
+            click.echo(line, err=True)
+            last_at, last_counts = elapsed_s, (stats.spans, stats.requests)
+
+    return progress
+
+
+@main.command()
 @click.option("--pid", type=int, required=True, help="The service's process: a gunicorn master, a worker, any Python process.")
 @click.option("--rate", type=click.IntRange(1, 1000), default=100, show_default=True, metavar="HZ", help="Samples per second per thread.")
 @click.option("--no-subprocesses", is_flag=True, help="Sample only PID, not its Python children (workers).")

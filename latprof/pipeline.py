@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 from latprof.analysis import DEFAULT_WARMUP_S, Analysis, analyze
-from latprof.capture.format import TRACE_SOURCES
+from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
 from latprof.capture.reader import read_captures
 from latprof.engine import Finding, Rule, discover_rules, run_rules
 from latprof.inference import infer_pool_waits, infer_queueing
@@ -39,10 +39,20 @@ def run_diagnosis(
     *,
     warmup_s: float = DEFAULT_WARMUP_S,
     rules: Sequence[Rule] | None = None,
+    source_kind: str | None = None,
 ) -> Diagnosis:
-    """Read the captures (or trace files) at `paths`, analyse them and run the rules."""
+    """Read the captures (or trace files) at `paths`, analyse them and run the rules.
+
+    `source_kind` (one of report-v1's `source.kind`s) says how the data was collected when the
+    files cannot: `latprof receive` passes "receive" for the OTLP file it wrote, which read
+    alone is "otlp". By default the files' headers (or trace format) decide.
+    """
+    if source_kind is not None and source_kind not in SOURCE_KINDS:
+        raise ValueError(f"source_kind must be one of {SOURCE_KINDS}, not {source_kind!r}")
     with _gc_paused():
         timeline = build_timeline(read_captures(paths))
+        if source_kind is not None:
+            timeline.source_kind = source_kind
         if timeline.source_kind == "attach" and not timeline.requests:
             from latprof.attach_analysis import analyze_attach, attach_findings, build_attach_report
 

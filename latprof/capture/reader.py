@@ -1,4 +1,4 @@
-"""Read captures: JSONL files (plain or gzip, several writers interleaved), trace files (OTLP, Jaeger, Zipkin JSON), directories of them."""
+"""Read captures: JSONL files (plain or gzip, several writers interleaved), trace files (OTLP JSON or protobuf, Jaeger, Zipkin JSON), directories of them."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from latprof.spans import Span
 _GZIP_MAGIC = b"\x1f\x8b"
 _CAPTURE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz", ".json", ".json.gz")
 _TRACE_SUFFIXES = (".json", ".json.gz")
-#: How much of a file's (decompressed) start decides whether it is OTLP JSON or a capture.
+#: Binary trace files (OTLP protobuf) a directory stands for, when their content says so.
+_PROTO_SUFFIXES = (".pb", ".pb.gz", ".binpb", ".binpb.gz")
+#: How much of a file's (decompressed) start decides whether it is a trace file (and which) or a capture.
 _SNIFF_BYTES = 64 * 1024
 # Canonical layer strings, so a million segments share a dozen string objects.
 _LAYER_INTERN: dict[Any, str | None] = {layer: layer for layer in SEGMENT_LAYERS}
@@ -69,11 +71,11 @@ def expand_inputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
         if path.is_dir():
             found = sorted(
                 p for p in path.iterdir()
-                if p.is_file() and p.name.endswith(_CAPTURE_SUFFIXES)
-                and (not p.name.endswith(_TRACE_SUFFIXES) or _trace_format(p) is not None)  # other JSON files are not ours
+                if p.is_file() and p.name.endswith(_CAPTURE_SUFFIXES + _PROTO_SUFFIXES)
+                and (not p.name.endswith(_TRACE_SUFFIXES + _PROTO_SUFFIXES) or _trace_format(p) is not None)  # other JSON and .pb files are not ours
             )  # fmt: skip
             if not found:
-                raise InputError(f"{path}: directory holds no capture files (*.jsonl, *.jsonl.gz) nor trace files (OTLP, Jaeger or Zipkin JSON)")
+                raise InputError(f"{path}: directory holds no capture files (*.jsonl, *.jsonl.gz) nor trace files (OTLP JSON or protobuf, Jaeger or Zipkin JSON)")
             files.extend(found)
         elif path.exists():
             files.append(path)
@@ -92,7 +94,7 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
     """
     data = CaptureData()
     spans: list[Span] = []
-    kinds: list[str] = []  # the source kind of each trace format read, in order
+    formats: list[tuple[str, str]] = []  # (source kind, reader module) of each trace format read, in order
     for path in expand_inputs(paths):
         data.inputs.append(str(path))
         trace_format = _trace_format(path)
@@ -101,12 +103,12 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
             read = getattr(_collector(module), read_name)(path)
             spans.extend(read.spans)
             data.warnings.extend(read.warnings)
-            if kind not in kinds:
-                kinds.append(kind)
+            if (kind, module) not in formats:
+                formats.append((kind, module))
         else:
             _read_file(path, data)
     if spans:
-        _add_traces(spans, kinds, data)
+        _add_traces(spans, formats, data)
     if not data.event_count:
         raise InputError(
             f"{', '.join(data.inputs)}: capture holds no events (did the service receive any traffic?)"
@@ -117,6 +119,7 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
 #: Trace formats: (report-v1 source kind, reader module in latprof.collectors, its read function), tried in order.
 TRACE_FORMATS = (
     ("otlp", "otlp_json", "read_otlp_json"),
+    ("otlp", "otlp_proto", "read_otlp_proto"),
     ("jaeger", "jaeger_json", "read_jaeger_json"),
     ("zipkin", "zipkin_json", "read_zipkin_json"),
 )
@@ -131,8 +134,6 @@ def _trace_format(path: Path) -> tuple[str, str, str] | None:
         return None  # damaged: the capture reader says so
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if head.lstrip()[:1] not in (b"{", b"[", b"\xef"):
-        return None
     for trace_format in TRACE_FORMATS:
         if _collector(trace_format[1]).sniff(head):
             return trace_format
@@ -144,13 +145,17 @@ def _collector(module: str) -> Any:
     return importlib.import_module(f"latprof.collectors.{module}")
 
 
-def _add_traces(spans: list[Span], kinds: list[str], data: CaptureData) -> None:
-    """Map the spans of every trace file read (a trace can span files) into requests and segments."""
+def _add_traces(spans: list[Span], formats: list[tuple[str, str]], data: CaptureData) -> None:
+    """Map the spans of every trace file read (a trace can span files) into requests and segments.
+
+    `formats` are the (source kind, reader module) of the files, in the order first read: the
+    first kind is the capture's source, the readers are its collectors ("otlp-json", "otlp-proto").
+    """
     from latprof.tracemap import map_spans
 
     events = map_spans(spans)
     # the `pid` of trace events numbers the emitting instances: which service each one is
-    data.headers.append({"source": kinds[0], "collectors": [f"{kind}-json" for kind in kinds],
+    data.headers.append({"source": formats[0][0], "collectors": [module.replace("_", "-") for _, module in formats],
                          "instances": {str(n): about for n, about in events.instances.items()}})  # fmt: skip
     data.requests.extend(events.requests)
     for rid, segments in events.segments_by_request.items():
@@ -332,5 +337,5 @@ def _check_attrs(attrs: Any) -> Any:
 
 
 def _not_a_capture(path: Path, first_line: bytes) -> str:
-    return f"{path}: not a latprof capture (it must start with a {SCHEMA} header line) nor a trace file (OTLP, Jaeger or Zipkin JSON)"
+    return f"{path}: not a latprof capture (it must start with a {SCHEMA} header line) nor a trace file (OTLP JSON or protobuf, Jaeger or Zipkin JSON)"
 

@@ -12,7 +12,9 @@
 then drives the scenario's load for `duration_s` (closed-loop client threads, plus bursts of
 extra clients for "pool_held"), stops the server with SIGTERM (the app flushes its spans on
 shutdown), waits for the receiver to go idle and returns the file's path. What the driver saw
-(per request: path, start, client-side latency, status) is in `tmp_path / "driver.json"`.
+(per request: path, start, client-side latency, status) is in `tmp_path / "driver.json"`. With
+`exporter_env` (e.g. `{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}`) the services
+export there instead: no `OtlpReceiver`, no OTLP file.
 
 Scenarios (`SCENARIOS`, each a `Scenario` with its defaults; every field can be overridden):
 
@@ -35,6 +37,7 @@ Not a test module: `from otlp.harness import record_otlp` (tests/ is on sys.path
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import http.server
@@ -277,11 +280,11 @@ def _start_app(port: int, env: dict[str, str], log_path: Path) -> subprocess.Pop
             time.sleep(0.1)
 
 
-def _start_backend(endpoint: str, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """apps/backend_app.py under gunicorn with one sync worker, exporting to `endpoint`; (process, base URL)."""
+def _start_backend(exporter_env: Mapping[str, str], log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """apps/backend_app.py under gunicorn with one sync worker, exporting as `exporter_env` says; (process, base URL)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"})
+    env.update({**exporter_env, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"})
     command = [sys.executable, "-m", "gunicorn", "-w", "1", "-k", "sync", "-b", f"127.0.0.1:{port}",
                "--graceful-timeout", "10", "tests.otlp.apps.backend_app:app"]  # fmt: skip
     with open(log_path, "wb") as log:
@@ -313,7 +316,7 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
                 duration_s: float | None = None, mode: str = "file-exporter", paths: Sequence[str] | None = None,
                 pool_size: int | None = None, burst: int | None = None, burst_every_s: float | None = None,
                 provider: Mapping[str, Any] | None = None, compression: str | None = None,
-                env: Mapping[str, str] | None = None) -> Path:  # fmt: skip
+                env: Mapping[str, str] | None = None, exporter_env: Mapping[str, str] | None = None) -> Path:  # fmt: skip
     """Run `scenario` (a key of SCENARIOS) against the traced app and return its OTLP file.
 
     `clients`, `duration_s`, `paths` (the request paths cycled through), `pool_size`, `burst`,
@@ -321,6 +324,9 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
     `compression` ("gzip") sets the exporter's; `env` adds to the app's environment.
     The file is `tmp_path / "traces.otlp.jsonl"` (replaced if there), with `server.log` and
     `driver.json` next to it. Fails the test when the app does not start or a request fails.
+    `exporter_env`: the `OTEL_EXPORTER_OTLP_*` settings of a receiver of the caller's, which the
+    services export to instead of an `OtlpReceiver` of their own; then no OTLP file is written
+    and the path returned is `driver.json`'s.
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; one of {sorted(SCENARIOS)}")
@@ -340,14 +346,16 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
     tmp_path.mkdir(parents=True, exist_ok=True)
     out, log_path = tmp_path / OTLP_FILE, tmp_path / "server.log"
 
-    with Provider(**spec.provider) as llm, OtlpReceiver(out, mode=mode) as receiver:
+    with Provider(**spec.provider) as llm, contextlib.ExitStack() as stack:
+        receiver = None if exporter_env is not None else stack.enter_context(OtlpReceiver(out, mode=mode))
+        export_env = dict(exporter_env) if receiver is None else {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint}
         tools = ToolServer().__enter__() if spec.uses_tools and not spec.traced_backend else None
-        backend = _start_backend(receiver.endpoint, tmp_path / "backend.log") if spec.traced_backend else None
+        backend = _start_backend(export_env, tmp_path / "backend.log") if spec.traced_backend else None
         try:
             port = free_port()
             app_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # only what we set
             app_env.update({
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+                **export_env,
                 "OTEL_SERVICE_NAME": f"otlp-{scenario}",
                 "PROVIDER_URL": llm.url,
                 "TOOL_URL": tools.url if tools else backend[1] if backend else "",
@@ -367,13 +375,15 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
                 driver.run(spec.clients, spec.duration_s, spec.burst, spec.burst_every_s, spec.burst_offset_s)
             finally:
                 code = _stop_app(proc)
-            receiver.wait_idle(0.3, timeout=10)
+            if receiver is not None:  # (the caller's receiver has every span once the app exited: the exporter awaited each reply)
+                receiver.wait_idle(0.3, timeout=10)
             if backend is not None:
                 backend_code = _stop_app(backend[0])
                 if backend_code not in (0, -signal.SIGTERM):
                     pytest.fail(f"the traced backend exited with {backend_code}:\n{_log_tail(tmp_path / 'backend.log')}")
                 backend = None
-                receiver.wait_idle(0.3, timeout=10)
+                if receiver is not None:
+                    receiver.wait_idle(0.3, timeout=10)
         finally:
             if tools is not None:
                 tools.__exit__(None, None, None)
@@ -382,12 +392,13 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
     results = sorted(driver.results, key=lambda r: r["start_s"])
     (tmp_path / "driver.json").write_text(json.dumps({"scenario": scenario, "db": db if spec.uses_db else None,
                                                       "settings": dataclasses.asdict(spec), "exit_code": code,
-                                                      "spans": receiver.spans_received,
-                                                      "exports": receiver.requests_received, "requests": results}))  # fmt: skip
+                                                      "spans": receiver and receiver.spans_received,
+                                                      "exports": receiver and receiver.requests_received,
+                                                      "requests": results}))  # fmt: skip
     failed = [r for r in results if r["status"] != 200]
     if failed:
         pytest.fail(f"{len(failed)} of {len(results)} requests failed, e.g. {failed[:3]}\n{_log_tail(log_path)}")
     # uvicorn re-raises the SIGTERM it handled once shut down: -15 is a clean exit too
     if code not in (0, -signal.SIGTERM) or f"{FLUSHED_MARK} True" not in log_path.read_text(errors="replace"):
         pytest.fail(f"the traced app exited with {code} after SIGTERM, without flushing its spans:\n{_log_tail(log_path)}")
-    return out
+    return out if receiver is not None else tmp_path / "driver.json"

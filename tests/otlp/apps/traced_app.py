@@ -3,7 +3,9 @@
 Run it as a user would: `python -m uvicorn tests.otlp.apps.traced_app:app --port P` with
 
 - `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`: where the BatchSpanProcessor's OTLPSpanExporter sends
-  the spans (`http://127.0.0.1:PORT/v1/traces`); `OTEL_SERVICE_NAME` names the resource;
+  the spans (`http://127.0.0.1:PORT/v1/traces`), or `OTEL_EXPORTER_OTLP_ENDPOINT` (the exporter
+  appends `/v1/traces`): the exporter reads its settings from the environment, as in any
+  service; `OTEL_SERVICE_NAME` names the resource;
 - `PROVIDER_URL`: the OpenAI-compatible provider's base URL (the official `openai` client,
   streamed); `TOOL_URL`: the tool service's base URL (`httpx.AsyncClient`);
 - `APP_DB`: `sqlalchemy` (an SQLAlchemy asyncio engine on `postgresql+psycopg://`, QueuePool of
@@ -61,10 +63,7 @@ if DB not in ("", "sqlalchemy", "psycopg_pool", "asyncpg"):
     raise SystemExit(f"APP_DB must be sqlalchemy, psycopg_pool or asyncpg, not {DB!r}")
 
 provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "otlp-traced-app")}))
-provider.add_span_processor(
-    BatchSpanProcessor(OTLPSpanExporter(endpoint=os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]),
-                       schedule_delay_millis=200)  # fmt: skip
-)
+provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), schedule_delay_millis=200))
 trace.set_tracer_provider(provider)
 HTTPXClientInstrumentor().instrument()
 if DB == "psycopg_pool":
