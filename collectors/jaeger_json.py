@@ -22,7 +22,6 @@ cannot be read is dropped, each counted into one warning per reason.
 
 from __future__ import annotations
 
-import gc
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -30,7 +29,7 @@ from typing import Any, Mapping
 import orjson
 
 from latprof.collectors._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
-from latprof.collectors._tracefile import parse_values as _parse_values, read_bytes as _read_bytes
+from latprof.collectors._tracefile import gc_paused, parse_values as _parse_values, read_bytes as _read_bytes
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import KIND_NAMES, KIND_UNSPECIFIED, STATUS_ERROR, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
@@ -101,13 +100,8 @@ def read_jaeger_json(path: str | os.PathLike[str]) -> JaegerRead:
     readable span. The cyclic garbage collector is paused while the spans are built.
     """
     reader = _Reader(os.fspath(path))
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         reader.read()
-    finally:
-        if was_enabled:
-            gc.enable()
     return reader.result()
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gc
 import gzip
 import os
 import zlib
@@ -36,7 +35,7 @@ from typing import IO, Any, Mapping
 
 import orjson
 
-from latprof.collectors._tracefile import open_file
+from latprof.collectors._tracefile import gc_paused, open_file
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import KIND_NAMES, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
@@ -122,13 +121,8 @@ def read_otlp_json(path: str | os.PathLike[str]) -> OtlpRead:
     no cycles; a million new objects would make it scan them over and over).
     """
     reader = _Reader(os.fspath(path))
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         reader.read()
-    finally:
-        if was_enabled:
-            gc.enable()
     return reader.result()
 
 

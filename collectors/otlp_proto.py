@@ -25,12 +25,11 @@ complete message before the cut, with a warning; bytes that are not OTLP protobu
 from __future__ import annotations
 
 import base64
-import gc
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from latprof.collectors._tracefile import read_bytes as _read_bytes
+from latprof.collectors._tracefile import gc_paused, read_bytes as _read_bytes
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import STATUS_UNSET, Span, SpanEvent, SpanLink
@@ -442,16 +441,11 @@ def read_otlp_proto(path: str | os.PathLike[str]) -> OtlpProtoRead:
         what = "JSON or text" if data.lstrip()[:1] in (b"{", b"[") else "no trace request's wire format"
         raise InputError(f"{name}: not OTLP protobuf traces ({what})")
     counters = Counters()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         if data[0] == _RESOURCE_SPANS_TAG:
             _read_message(name, data, counters, result)
         else:
             _read_stream(name, data, counters, result)
-    finally:
-        if was_enabled:
-            gc.enable()
     result.warnings.extend(counters.warnings(f"{name}: "))
     if not result.spans:
         reasons = "; ".join(f"{count} {reason}" for reason, count in counters.skipped.items())

@@ -21,7 +21,6 @@ that cannot be read is dropped, each counted into one warning per reason.
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from typing import Any, Mapping
 import orjson
 
 from latprof.collectors._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
-from latprof.collectors._tracefile import parse_values as _parse_values, read_bytes as _read_bytes
+from latprof.collectors._tracefile import gc_paused, parse_values as _parse_values, read_bytes as _read_bytes
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import (
@@ -113,13 +112,8 @@ def read_zipkin_json(path: str | os.PathLike[str]) -> ZipkinRead:
     readable span. The cyclic garbage collector is paused while the spans are built.
     """
     reader = _Reader(os.fspath(path))
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         reader.read()
-    finally:
-        if was_enabled:
-            gc.enable()
     return reader.result()
 
 
