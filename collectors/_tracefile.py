@@ -12,6 +12,7 @@ from typing import IO, Any, Iterator
 import orjson
 
 from latprof.errors import InputError
+from latprof.spans import Span
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 16
@@ -140,3 +141,40 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+class ReaderState:
+    """What every trace reader keeps while it reads one file: the spans so far, shared strings,
+    and counts of what it skipped (whole spans) or dropped (inside spans it kept)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.spans: list[Span] = []
+        self.warnings: list[str] = []
+        self.documents = 0
+        #: Why spans (or whole containers of spans) were skipped, with counts.
+        self.skipped: dict[str, int] = {}
+        #: What was dropped or replaced inside spans that were kept (each with an `{n}` for the count).
+        self.notes: dict[str, int] = {}
+        #: Names, keys and string values: one object of each.
+        self.shared: dict[str, str] = {}
+
+    def _skip(self, reason: str) -> None:
+        """Count a span (or a container of spans) skipped for `reason`."""
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def _note(self, note: str) -> None:
+        """Count something dropped or replaced inside a span that is kept (`note` has an `{n}` for the count)."""
+        self.notes[note] = self.notes.get(note, 0) + 1
+
+    def skipped_lines(self, prefix: str) -> list[str]:
+        """One line per reason spans were skipped, with its count, after `prefix`."""
+        return [f"{prefix}skipped {count} {reason}" for reason, count in self.skipped.items()]
+
+    def note_lines(self, prefix: str) -> list[str]:
+        """One line per thing dropped inside kept spans, with its count, after `prefix`."""
+        return [f"{prefix}{note.format(n=count)}" for note, count in self.notes.items()]
+
+    def skipped_reasons(self) -> str:
+        """The skip counts in one phrase ("3 span(s) without ...; 1 ..."), "" when nothing was skipped."""
+        return "; ".join(f"{count} {reason}" for reason, count in self.skipped.items())

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import orjson
 
 from latprof.collectors._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
-from latprof.collectors._tracefile import gc_paused, parse_values as _parse_values, read_bytes as _read_bytes
+from latprof.collectors._tracefile import ReaderState, gc_paused, parse_values as _parse_values, read_bytes as _read_bytes
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import KIND_NAMES, KIND_UNSPECIFIED, STATUS_ERROR, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
@@ -158,22 +158,13 @@ def _typed_value(vtype: Any, value: Any) -> Any:
     raise _Unreadable
 
 
-class _Reader:
+class _Reader(ReaderState):
     """The state of reading one file: spans so far, shared objects, and counts of what was skipped."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
-        self.spans: list[Span] = []
-        self.warnings: list[str] = []
-        self.documents = 0
-        #: Why spans (or whole traces) were skipped, with counts.
-        self.skipped: dict[str, int] = {}
-        #: What was dropped or replaced inside spans that were kept (each with an `{n}` for the count).
-        self.notes: dict[str, int] = {}
+        super().__init__(path)
         #: Raw trace id to its canonical form (valid ids only).
         self.trace_ids: dict[str, str] = {}
-        #: Names, tag keys and string values: one object of each.
-        self.shared: dict[str, str] = {}
         #: Messages of the query API's `errors`.
         self.api_errors: list[str] = []
 
@@ -254,14 +245,6 @@ class _Reader:
             else:
                 text = str(error)
             self.api_errors.append(" ".join(text.split())[:200] or "an error")
-
-    def _skip(self, reason: str) -> None:
-        """Count a span (or a container of spans) skipped for `reason`."""
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
-
-    def _note(self, note: str) -> None:
-        """Count something dropped or replaced inside a span that is kept (`note` has an `{n}` for the count)."""
-        self.notes[note] = self.notes.get(note, 0) + 1
 
     def _tags(self, raw: Any) -> dict[str, Any] | None:
         """A flat dict of a Jaeger tag (or log field) list; None when `raw` is not a list. Bad entries are dropped, counted."""
@@ -554,14 +537,11 @@ class _Reader:
     def result(self) -> JaegerRead:
         path = self.path
         warnings = self.warnings
-        for reason, count in self.skipped.items():
-            warnings.append(f"{path}: skipped {count} {reason}")
-        for note, count in self.notes.items():
-            warnings.append(f"{path}: {note.format(n=count)}")
+        warnings.extend(self.skipped_lines(f"{path}: ") + self.note_lines(f"{path}: "))
         errors = self.api_errors
         said = f"{len(errors)} error(s): " + "; ".join(errors[:3]) + ("; ..." if len(errors) > 3 else "")
         if not self.spans:
-            reasons = "; ".join(f"{count} {reason}" for reason, count in self.skipped.items())
+            reasons = self.skipped_reasons()
             if reasons:
                 detail = f": skipped {reasons}"
             else:

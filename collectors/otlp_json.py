@@ -35,7 +35,7 @@ from typing import IO, Any, Mapping
 
 import orjson
 
-from latprof.collectors._tracefile import gc_paused, open_file
+from latprof.collectors._tracefile import ReaderState, gc_paused, open_file
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import KIND_NAMES, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
@@ -235,22 +235,13 @@ def _any_value(value: Any, shared: dict[str, str]) -> Any:
     raise _Unreadable
 
 
-class _Reader:
+class _Reader(ReaderState):
     """The state of reading one file: spans so far, shared objects, and counts of what was skipped."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
-        self.spans: list[Span] = []
-        self.warnings: list[str] = []
-        self.documents = 0
-        #: Why spans (or whole resourceSpans/scopeSpans elements) were skipped, with counts.
-        self.skipped: dict[str, int] = {}
-        #: What was dropped or replaced inside spans that were kept, with counts.
-        self.notes: dict[str, int] = {}
+        super().__init__(path)
         #: Raw trace id to its lowercase hex form (valid ids only); also shares one string per trace.
         self.trace_ids: dict[Any, str] = {}
-        #: Names, attribute keys and string values (only strings): one object of each.
-        self.shared: dict[str, str] = {}
         #: Parent span ids (valid ones, lowercase hex): one object of each.
         self.parent_ids: dict[str, str] = {}
         self.other_signals = 0
@@ -408,14 +399,6 @@ class _Reader:
                     self._skip("array element(s) that are not request objects")
             return True
         return False
-
-    def _skip(self, reason: str) -> None:
-        """Count a span (or a container of spans) skipped for `reason`."""
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
-
-    def _note(self, note: str) -> None:
-        """Count something dropped or replaced inside a span that is kept (`note` has an `{n}` for the count)."""
-        self.notes[note] = self.notes.get(note, 0) + 1
 
     def _attributes(self, attrs: Any) -> dict[str, Any] | None:
         """A flat dict of an OTLP attribute list; None when `attrs` is not a list. Unreadable entries are dropped, counted."""
@@ -750,8 +733,7 @@ class _Reader:
 
     def count_warnings(self, prefix: str) -> list[str]:
         """One line per reason something was skipped or dropped, with its count, each after `prefix`."""
-        lines = [f"{prefix}skipped {count} {reason}" for reason, count in self.skipped.items()]
-        lines += [f"{prefix}{note.format(n=count)}" for note, count in self.notes.items()]
+        lines = self.skipped_lines(prefix) + self.note_lines(prefix)
         if self.other_signals:
             lines.append(f"{prefix}skipped {self.other_signals} OTLP metrics, logs or profiles request(s) (not traces)")
         return lines
@@ -763,7 +745,7 @@ class _Reader:
         if not self.spans:
             if not self.documents and self.other_signals:
                 raise InputError(f"{path}: not OTLP JSON traces: it holds OTLP metrics, logs or profiles only")
-            reasons = "; ".join(f"{count} {reason}" for reason, count in self.skipped.items())
+            reasons = self.skipped_reasons()
             raise InputError(
                 f"{path}: OTLP JSON file holds no readable spans"
                 + (f": skipped {reasons}" if reasons else f" ({self.documents} request(s), none with spans)")

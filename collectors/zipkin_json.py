@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import orjson
 
 from latprof.collectors._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
-from latprof.collectors._tracefile import gc_paused, parse_values as _parse_values, read_bytes as _read_bytes
+from latprof.collectors._tracefile import ReaderState, gc_paused, parse_values as _parse_values, read_bytes as _read_bytes
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.spans import (
@@ -156,22 +156,13 @@ def _annotation(value: str) -> tuple[str, Mapping[str, Any]]:
     return value, NO_ATTRS
 
 
-class _Reader:
+class _Reader(ReaderState):
     """The state of reading one file: spans so far, shared objects, and counts of what was skipped."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
-        self.spans: list[Span] = []
-        self.warnings: list[str] = []
-        self.documents = 0
-        #: Why spans (or whole traces) were skipped, with counts.
-        self.skipped: dict[str, int] = {}
-        #: What was dropped or replaced inside spans that were kept (each with an `{n}` for the count).
-        self.notes: dict[str, int] = {}
+        super().__init__(path)
         #: Raw trace id to its canonical form (valid ids only).
         self.trace_ids: dict[str, str] = {}
-        #: Names, tag keys and string values: one object of each.
-        self.shared: dict[str, str] = {}
         #: Service name to the resource mapping all its spans share.
         self.resources: dict[str, Mapping[str, Any]] = {}
         #: The span ids kept, by trace id, to keep only the first of a repeated id.
@@ -237,14 +228,6 @@ class _Reader:
         if loose or not doc:
             self.documents += 1
             self._spans(loose)
-
-    def _skip(self, reason: str) -> None:
-        """Count a span (or a container of spans) skipped for `reason`."""
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
-
-    def _note(self, note: str) -> None:
-        """Count something dropped or replaced inside a span that is kept (`note` has an `{n}` for the count)."""
-        self.notes[note] = self.notes.get(note, 0) + 1
 
     def _resource(self, service: str) -> Mapping[str, Any]:
         resource = self.resources.get(service)
@@ -445,8 +428,7 @@ class _Reader:
     def result(self) -> ZipkinRead:
         path = self.path
         warnings = self.warnings
-        for reason, count in self.skipped.items():
-            warnings.append(f"{path}: skipped {count} {reason}")
+        warnings.extend(self.skipped_lines(f"{path}: "))
         if self.repeated:
             shared = ""
             if self.repeated_shared:
@@ -454,10 +436,9 @@ class _Reader:
             warnings.append(
                 f"{path}: skipped {self.repeated} span(s) whose id repeats within their trace{shared}; kept the first of each"
             )
-        for note, count in self.notes.items():
-            warnings.append(f"{path}: {note.format(n=count)}")
+        warnings.extend(self.note_lines(f"{path}: "))
         if not self.spans:
-            reasons = "; ".join(f"{count} {reason}" for reason, count in self.skipped.items())
+            reasons = self.skipped_reasons()
             raise InputError(
                 f"{path}: Zipkin JSON file holds no readable spans"
                 + (f": skipped {reasons}" if reasons else f" ({self.documents} span list(s), none with spans)")
