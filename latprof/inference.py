@@ -182,8 +182,11 @@ def infer_pool_waits(timeline: Timeline) -> Timeline:
 
 # --- queueing in front of a service that runs at a fixed concurrency ------------------------------
 
-#: A server span that starts within this long after another of its instance ended took that one's slot.
-HANDOFF_NS = 2_000_000
+#: A server span that starts within this long after another of its instance ended took that one's slot
+#: (a sync worker's accept and parse of the next request: ~1.3 ms on an idle machine, 2-4 ms with its
+#: cores busy). A downstream span whose caller waited longer is allowed a quarter of that wait.
+HANDOFF_NS = 10_000_000
+HANDOFF_SHARE_OF_WAIT = 0.25
 #: An instance runs at a fixed concurrency when at least this many spans took a freed slot at its ceiling.
 MIN_HANDOFFS = 3
 #: Root spans of an instance that took a freed slot in at least this share: its requests queued before them.
@@ -211,13 +214,29 @@ def _in_use(starts: list[int], ends: list[int], t: int) -> int:
     return bisect.bisect_right(starts, t) - bisect.bisect_right(ends, t)
 
 
-def _took_a_slot(start: int, starts: list[int], ends: list[int], ceiling: int) -> bool:
-    """True when a span starting at `start` started right after another span of its instance
-    ended, with the instance at its ceiling until then (it took the freed slot)."""
+def _took_a_slot(start: int, starts: list[int], ends: list[int], ceiling: int, handoff_ns: int = HANDOFF_NS) -> bool:
+    """True when a span starting at `start` started within `handoff_ns` after another span of its
+    instance ended, with the instance at its ceiling until then (it took the freed slot)."""
     i = bisect.bisect_right(ends, start) - 1
-    if i < 0 or start - ends[i] > HANDOFF_NS:
+    if i < 0 or start - ends[i] > handoff_ns:
         return False
     return _in_use(starts, ends, ends[i] - 1) >= ceiling
+
+
+def _caller(slot: _Slot, timeline: Timeline) -> Segment | None:
+    """The client segment a downstream server slot was called from (None for a root slot)."""
+    if slot.segment is None:
+        return None
+    parent = slot.segment.parent_id
+    return next((s for s in timeline.requests[slot.request].segments if s.segment_id == parent), None)
+
+
+def _handoff_ns(slot: _Slot, timeline: Timeline) -> int:
+    """How long after a slot freed a span may start and still count as having taken it."""
+    caller = _caller(slot, timeline)
+    if caller is None:
+        return HANDOFF_NS
+    return max(HANDOFF_NS, int((slot.start - caller.start_ns) * HANDOFF_SHARE_OF_WAIT))
 
 
 def infer_queueing(timeline: Timeline) -> Timeline:
@@ -248,7 +267,7 @@ def infer_queueing(timeline: Timeline) -> Timeline:
         ends = sorted(s.end for s in slots)
         # the most running at once is reached at some start: those started so far minus those ended
         ceiling = max(i - bisect.bisect_right(ends, t) for i, t in enumerate(starts, 1))
-        took = [s for s in slots if _took_a_slot(s.start, starts, ends, ceiling)]
+        took = [s for s in slots if _took_a_slot(s.start, starts, ends, ceiling, _handoff_ns(s, timeline))]
         if len(took) < MIN_HANDOFFS:
             continue
         service = ""
@@ -257,7 +276,7 @@ def infer_queueing(timeline: Timeline) -> Timeline:
             if slot.segment is None:
                 service = service or str(rt.request.attrs.get(SERVICE_NAME, ""))
                 continue
-            caller = next((s for s in rt.segments if s.segment_id == slot.segment.parent_id), None)
+            caller = _caller(slot, timeline)
             if caller is None or slot.segment.start_ns - caller.start_ns < NS_PER_MS:
                 continue
             service = service or str(slot.segment.attrs.get(SERVICE_NAME, ""))

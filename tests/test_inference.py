@@ -5,6 +5,8 @@ from __future__ import annotations
 import heapq
 import random
 
+import pytest
+
 from timelines import req, seg, timeline
 
 from latprof.analysis import analyze
@@ -94,9 +96,10 @@ def test_does_not_infer_when_the_median_request_waits_too():
     assert infer_pool_waits(tl) is tl
 
 
-def gateway_to_backend(n: int = 300, workers: int = 1, *, burst_every: int = 30) -> list[RequestTimeline]:
+def gateway_to_backend(n: int = 300, workers: int = 1, *, burst_every: int = 30, accept_ms: float = 0.0) -> list[RequestTimeline]:
     """A gateway's requests, each calling a backend that serves `workers` at a time (FIFO)
-    for 100 ms; arrivals 300 ms apart, with a burst of 6 now and then."""
+    for 100 ms; arrivals 300 ms apart, with a burst of 6 now and then. A worker takes
+    `accept_ms` from the end of one request to the start of the next one's span."""
     from latprof.tracemap import SERVICE_NAME, SPAN_KIND
 
     free = [0.0] * workers
@@ -104,7 +107,8 @@ def gateway_to_backend(n: int = 300, workers: int = 1, *, burst_every: int = 30)
     out, t = [], 0.0
     for i in range(n):
         t += 0.3 if i % burst_every in range(1, 6) else 300.0
-        got = max(t + 1, heapq.heappop(free))
+        freed = heapq.heappop(free)
+        got = t + 1 if t + 1 >= freed else freed + accept_ms
         heapq.heappush(free, got + 100)
         call = seg(TOOL, t + 1, got + 101, name="GET", id=f"call{i}")
         served = seg(None, got, got + 100, name="GET /work", parent=f"call{i}", **{SPAN_KIND: "server", SERVICE_NAME: "backend"})
@@ -113,8 +117,11 @@ def gateway_to_backend(n: int = 300, workers: int = 1, *, burst_every: int = 30)
     return out
 
 
-def test_a_downstream_service_at_a_fixed_concurrency_gives_inferred_queue():
-    tl = timeline(gateway_to_backend(), source_kind="otlp")
+@pytest.mark.parametrize("accept_ms", [0.0, 1.3, 6.0, 40.0])
+def test_a_downstream_service_at_a_fixed_concurrency_gives_inferred_queue(accept_ms: float):
+    """`accept_ms`: a sync worker's hand-off from one request to the next: ~1.3 ms idle, more
+    with the machine's cores busy; 40 ms is a stalled worker (allowed for calls that waited long)."""
+    tl = timeline(gateway_to_backend(accept_ms=accept_ms), source_kind="otlp")
     inferred = infer_queueing(tl)
     queues = [s for rt in inferred.requests for s in rt.segments if s.layer == QUEUE]
     assert queues and all(s.attrs[INFERRED] is True and s.attrs[INFERRED_CONCURRENCY] == 1 for s in queues)
