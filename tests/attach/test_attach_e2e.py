@@ -77,7 +77,7 @@ def test_fastapi_sync_endpoints_on_a_small_sqlalchemy_pool_give_db_pool(tmp_path
 
 
 def test_sync_workers_saturated_by_offered_load_give_queue_with_the_backlog(tmp_path):
-    report, _ = attach_under_load(tmp_path, ["-w", "2"], "/chat/1?ms=100", 8)
+    report, _ = attach_under_load(tmp_path, ["-w", "2"], "/chat/1?ms=100", 8, duration_s=6)
     verdict = report["verdict"]
     assert (verdict["layer"], verdict["rule"]) == ("queue", "request-queueing"), verdict
     (finding,) = [f for f in report["findings"] if f["rule"] == "request-queueing"]
@@ -89,7 +89,7 @@ def test_sync_workers_saturated_by_offered_load_give_queue_with_the_backlog(tmp_
     rows = [(s["busy_workers"], s["workers"], s["accept_queue"]) for s in seconds]
     # busy_workers is None (unknown) while a worker's recorder has not begun its first window yet
     counted = [row for row in rows if row[0] is not None]
-    assert len(counted) >= 3 and rows.index(counted[0]) <= 1, rows
+    assert len(counted) >= 3 and rows.index(counted[0]) <= 2, rows
     assert all(busy == workers == 2 and queue >= 3 for busy, workers, queue in counted), rows
 
 
@@ -109,7 +109,8 @@ def test_a_global_lock_in_a_threaded_server_gives_lock(tmp_path):
 
 
 def test_a_healthy_service_gets_no_verdict(tmp_path):
-    report, _ = attach_under_load(tmp_path, ["-w", "2"], "/chat/1?ms=1", 1, pause_s=0.2)
+    # 6 s: with the machine's cores busy a worker's first recorder window can start 2 s late (those seconds are None)
+    report, _ = attach_under_load(tmp_path, ["-w", "2"], "/chat/1?ms=1", 1, pause_s=0.2, duration_s=6)
     assert report["verdict"]["layer"] is None and report["verdict"]["status"] == "no_tail"
     assert report["collection"]["idle_share"] > 0.8
     assert all(s["busy_workers"] in (0, None) for s in report["p99_over_time"]["windows"])
