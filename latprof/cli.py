@@ -86,23 +86,81 @@ def _warmup_option(fn: Any) -> Any:
     )(fn)
 
 
+_CONFIG_OPTION = click.option(
+    "--config", "config_path", type=click.Path(path_type=Path), metavar="FILE",
+    help="pyproject.toml ([tool.latprof]) or latprof.toml; default: the nearest one from the working directory.",
+)  # fmt: skip
+
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_format_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here instead of stdout.")
 @_warmup_option
-def analyze(paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float) -> None:
+@_CONFIG_OPTION
+@click.pass_context
+def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float,
+            config_path: Path | None) -> None:  # fmt: skip
     """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
 
     PATHS are capture files (.jsonl or .jsonl.gz), OpenTelemetry OTLP JSON trace files (.json,
-    .gz; told by content) or directories of them; several are merged.
+    .gz; told by content) or directories of them; several are merged. The rules run as the
+    config (`[tool.latprof]`, latprof.toml) sets them.
     """
+    from latprof.config import load_config
+    from latprof.engine import all_rules, configured
     from latprof.pipeline import run_diagnosis
 
-    diagnosis = run_diagnosis(paths, warmup_s=warmup_s)
+    classes = all_rules()
+    config = load_config(config_path, rule_classes=classes)
+    if config.skip_warmup_s is not None and ctx.get_parameter_source("warmup_s") is click.core.ParameterSource.DEFAULT:
+        warmup_s = config.skip_warmup_s
+    diagnosis = run_diagnosis(paths, warmup_s=warmup_s, rules=configured(classes, config.rules))
     _emit(lambda out: renderers.get(fmt)(diagnosis.report, out), output)
     # The analysis stays referenced until here: `run` leaves without freeing it.
     _KEEP_UNTIL_EXIT.append(diagnosis)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@_CONFIG_OPTION
+@click.option("--baseline", type=click.Path(path_type=Path), metavar="CAPTURE",
+              help="A capture (or trace file) of an earlier run: the reference of relative budgets like '+10%'.")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE", help="Write a JUnit XML report here.")
+@click.option("--sarif", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE", help="Write a SARIF 2.1.0 log here.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
+              help="Format of the results on stdout (or -o).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here instead of stdout.")
+@click.option("--skip-warmup", "warmup_s", type=click.FloatRange(min=0), default=None, metavar="S",
+              help=f"Leave out the first S seconds of each process's traffic [default: the config's skip_warmup_s, or {DEFAULT_WARMUP_S:g}].")
+@click.pass_context
+def check(ctx: click.Context, paths: tuple[Path, ...], config_path: Path | None, baseline: Path | None,
+          junit: Path | None, sarif: Path | None, fmt: str, output: Path | None, warmup_s: float | None) -> None:  # fmt: skip
+    """Run the rules and budgets as a CI gate: exit 0 when every check passes, 1 when one fails.
+
+    PATHS are what `latprof analyze` reads. The checks are the budgets and declarative checks of
+    the config, and every enabled rule (built-in or from an installed package): a rule fails its
+    check when it finds something. Exit 2 for bad input or configuration. Under GitHub Actions
+    (GITHUB_ACTIONS=true) failures also become ::error/::warning annotations and a summary in
+    $GITHUB_STEP_SUMMARY.
+    """
+    from latprof import check_output
+    from latprof.checks import check_paths
+
+    run = check_paths(paths, config_path=config_path, baseline=baseline, warmup_s=warmup_s)
+    _KEEP_UNTIL_EXIT.append(run)
+    for path, write in ((junit, check_output.write_junit), (sarif, check_output.write_sarif)):
+        if path is not None:
+            try:
+                write(run, path)
+            except OSError as exc:
+                raise InputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    _emit(lambda out: check_output.render(run, fmt, out), output)
+    # workflow commands on stdout, unless stdout holds the JSON results
+    annotations_to = sys.stderr if fmt == "json" and output is None else sys.stdout
+    for warning in check_output.emit_github(run, annotations_to, os.environ):
+        click.echo(f"latprof check: warning: {warning}", err=True)
+    ctx.exit(run.exit_code)
 
 
 def _emit(write: Any, output: Path | None) -> None:
@@ -422,42 +480,83 @@ def demo(scenario: str, dsn: str | None, out: Path | None, duration_s: float | N
     _KEEP_UNTIL_EXIT.append(result)
 
 
-@main.group(invoke_without_command=True)
-@click.pass_context
-def rules(ctx: click.Context) -> None:
-    """List every rule, or explain one: `latprof rules explain ID`."""
-    if ctx.invoked_subcommand is None:
-        from latprof.engine import discover_rules
+def _diff_formats() -> list[str]:
+    from latprof.diff import names
 
-        for rule in discover_rules():
-            click.echo(f"{rule.id:<24} {rule.layer:<12} {rule.summary_line()}")
+    return names()
+
+
+@main.command()
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(_diff_formats()), default="text", show_default=True,
+              help="Diff format (markdown: for a pull-request comment or $GITHUB_STEP_SUMMARY).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the diff here instead of stdout.")
+@click.option("--fail-on-regression", "threshold_pct", type=click.FloatRange(min=0), metavar="PCT",
+              help="Exit 1 when AFTER's p99 is more than PCT percent above BEFORE's.")
+@_warmup_option
+@click.pass_context
+def diff(ctx: click.Context, before: Path, after: Path, fmt: str, output: Path | None, threshold_pct: float | None,
+         warmup_s: float) -> None:  # fmt: skip
+    """Compare two diagnoses: p99, each layer's time in the slowest 1%, the verdict and the findings, BEFORE → AFTER.
+
+    BEFORE and AFTER are anything `latprof analyze` reads (captures, trace files, directories), or
+    reports it saved with `--format json` (--skip-warmup does not apply to those).
+    """
+    from latprof.diff import diff_paths, regression_failure, render
+
+    result, loaded = diff_paths(before, after, warmup_s=warmup_s, threshold_pct=threshold_pct)
+    _KEEP_UNTIL_EXIT.append(loaded)
+    _emit(lambda out: render(result, fmt, out), output)
+    failure = regression_failure(result)
+    if failure is not None:
+        click.echo(f"latprof diff: {failure}", err=True)
+        ctx.exit(1)
+
+
+@main.group(invoke_without_command=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
+              help="json or markdown: the whole catalogue (documentation, thresholds) to publish.")
+@_CONFIG_OPTION
+@click.pass_context
+def rules(ctx: click.Context, fmt: str, config_path: Path | None) -> None:
+    """List every rule (built-in and from installed packages), or explain one: `latprof rules explain ID`.
+
+    Thresholds are shown with the values the config gives them.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["config_path"] = config_path
+    if ctx.invoked_subcommand is None:
+        from latprof import catalogue
+
+        config, classes = _rules_config(config_path)
+        catalogue.FORMATS[fmt](catalogue.entries(classes, config), config, sys.stdout)
+
+
+def _rules_config(config_path: Path | None) -> tuple[Any, Any]:
+    from latprof.config import load_config
+    from latprof.engine import all_rules
+
+    classes = all_rules()
+    return load_config(config_path, rule_classes=classes), classes
 
 
 @rules.command()
 @click.argument("rule_id")
-def explain(rule_id: str) -> None:
-    """Print a rule's documentation and thresholds."""
-    from latprof.engine import DOC_SECTIONS, discover_rules
+@_CONFIG_OPTION
+@click.pass_context
+def explain(ctx: click.Context, rule_id: str, config_path: Path | None) -> None:
+    """Print a rule's documentation and thresholds (with the values the config gives them)."""
+    from latprof import catalogue
 
-    by_id = {rule.id: rule for rule in discover_rules()}
+    config, classes = _rules_config(config_path or (ctx.obj or {}).get("config_path"))
+    by_id = {rule.id: rule for rule in classes}
     rule = by_id.get(rule_id)
     if rule is None:
         close = difflib.get_close_matches(rule_id, by_id, n=1)
         hint = f" (did you mean {close[0]}?)" if close else f"; known rules: {', '.join(by_id)}"
         raise ConfigError(f"no rule {rule_id!r}{hint}")
-    out: TextIO = sys.stdout
-    out.write(f"{rule.id}  (layer {rule.layer})\n{rule.summary_line()}\n")
-    docs = rule.docs()
-    for section in DOC_SECTIONS:
-        out.write(f"\n{section}:\n")
-        for line in docs.get(section, "").splitlines():
-            out.write(f"    {line}\n" if line.strip() else "\n")
-    fields = rule.threshold_fields()
-    out.write("\nThresholds:\n")
-    if not fields:
-        out.write("    (none)\n")
-    for name, type_name, default in fields:
-        out.write(f"    {name} = {default!r}  ({type_name})\n")
+    catalogue.explain_text(catalogue.entries([rule], config)[0], sys.stdout)
 
 
 def entry_point() -> None:

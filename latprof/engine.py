@@ -165,6 +165,71 @@ def discover_rules() -> list[type[Rule]]:
     return [found[k] for k in sorted(found)]
 
 
+#: The entry point group other packages register rules under (a Rule subclass, or a module of them).
+ENTRY_POINT_GROUP = "latprof.rules"
+
+
+def plugin_rules() -> list[type[Rule]]:
+    """The rules other installed packages provide through the `latprof.rules` entry point group.
+
+    Each entry point names a Rule subclass (`pkg.module:MyRule`) or a module whose Rule
+    subclasses are taken. One that cannot be loaded or breaks the rule contract is a
+    ConfigError naming the entry point and its distribution: a gate must not pass because a
+    check silently went missing.
+    """
+    from importlib.metadata import entry_points
+
+    from latprof.errors import ConfigError
+
+    found: list[type[Rule]] = []
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        dist = getattr(getattr(ep, "dist", None), "name", None)
+        where = f"entry point {ep.name!r} ({ep.value}{f', from {dist}' if dist else ''})"
+        try:
+            loaded = ep.load()
+        except Exception as exc:
+            raise ConfigError(f"{where}: cannot be loaded: {type(exc).__name__}: {exc}") from None
+        if isinstance(loaded, type):
+            classes = [loaded]
+        else:
+            classes = [v for v in vars(loaded).values() if isinstance(v, type) and issubclass(v, Rule)
+                       and v.__module__ == getattr(loaded, "__name__", None) and v.id]  # fmt: skip
+        for cls in classes:
+            if not (isinstance(cls, type) and issubclass(cls, Rule)):
+                raise ConfigError(f"{where}: is not a latprof.engine.Rule subclass")
+            try:
+                validate_rule_class(cls)
+            except TypeError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+            found.append(cls)
+    return found
+
+
+def all_rules() -> list[type[Rule]]:
+    """The built-in rules and those of installed packages (entry points), by id; an id used twice is a ConfigError."""
+    from latprof.errors import ConfigError
+
+    by_id: dict[str, type[Rule]] = {cls.id: cls for cls in discover_rules()}
+    for cls in plugin_rules():
+        if cls.id in by_id and by_id[cls.id] is not cls:
+            raise ConfigError(f"rule id {cls.id!r} of {cls.__module__}.{cls.__qualname__} is already taken by"
+                              f" {by_id[cls.id].__module__}.{by_id[cls.id].__qualname__}")  # fmt: skip
+        by_id[cls.id] = cls
+    return [by_id[k] for k in sorted(by_id)]
+
+
+def configured(rule_classes: Sequence[type[Rule]], settings: Mapping[str, Any]) -> list[Rule]:
+    """An instance of each enabled rule with its thresholds as configured (`settings`: id -> RuleSettings)."""
+    out: list[Rule] = []
+    for cls in rule_classes:
+        rule_settings = settings.get(cls.id)
+        if rule_settings is None:
+            out.append(cls())
+        elif rule_settings.enabled:
+            out.append(cls(dataclasses.replace(cls.Thresholds(), **rule_settings.thresholds)))
+    return out
+
+
 def run_rules(analysis: Analysis, rules: Sequence[Rule]) -> list[Finding]:
     """Run each rule; a rule that raises becomes a finding of its own. Sorted by impact, largest first."""
     findings: list[Finding] = []

@@ -11,15 +11,15 @@ from typing import Iterable, Iterator, Sequence
 from latprof.analysis import DEFAULT_WARMUP_S, Analysis, analyze
 from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
 from latprof.capture.reader import read_captures
-from latprof.engine import Finding, Rule, discover_rules, run_rules
+from latprof.engine import Finding, Rule, all_rules, run_rules
 from latprof.inference import infer_pool_waits, infer_queueing
 from latprof.report import Report, build_report
 from latprof.timeline import build_timeline
 
 
 def default_rules() -> list[Rule]:
-    """An instance of every built-in rule with its default thresholds."""
-    return [rule_class() for rule_class in discover_rules()]
+    """An instance of every rule (built-in and from entry points) with its default thresholds."""
+    return [rule_class() for rule_class in all_rules()]
 
 
 @dataclass(frozen=True)
