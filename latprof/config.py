@@ -227,7 +227,7 @@ class _Parser:
         self.label, self.prefix, self.rule_classes = label, prefix, rule_classes
 
     def key(self, *parts: str) -> str:
-        return ".".join(p if _bare(p) else f'"{p}"' for p in (*([self.prefix] if self.prefix else []), *parts))
+        return ".".join([*([self.prefix] if self.prefix else []), *(p if _bare(p) else f'"{p}"' for p in parts)])
 
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self.label}:{key}: {message}")
