@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, TypeVar
+from typing import Iterable, Sequence, TypeVar
 
 from latprof.analysis import Analysis, percentile
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
@@ -183,13 +183,28 @@ def _hot_frames(samples: Iterable[StackSample]) -> tuple[list[dict[str, object]]
     if not on_loop:
         on_loop, scope = active, "all threads"
     counts: Counter[str] = Counter()
+    where: dict[str, Frame] = {}
     for sample in on_loop:
-        counts[_label(sample.frames[0])] += sample.weight
+        label = _label(sample.frames[0])
+        counts[label] += sample.weight
+        where.setdefault(label, _app_frame(sample.frames))
     total = sum(counts.values())
     if not total:
         return [], scope
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:_HOT_FRAMES]
-    return [{"frame": label, "share": round(n / total, 4)} for label, n in ranked], scope
+    # `location`: the innermost frame of the service's own code under it, for annotations and SARIF (`latprof check`)
+    return [{"frame": label, "share": round(n / total, 4),
+             "location": {"path": where[label].filename, "line": where[label].line or None, "function": where[label].function}}
+            for label, n in ranked], scope  # fmt: skip
+
+
+def _app_frame(frames: Sequence[Frame]) -> Frame:
+    """The innermost frame outside libraries and the standard library (the innermost one if none is)."""
+    for frame in frames:
+        path = frame.filename.replace("\\", "/")
+        if "site-packages/" not in path and "dist-packages/" not in path and not _STDLIB.search(path):
+            return frame
+    return frames[0]
 
 
 def _label(frame: Frame) -> str:

@@ -109,11 +109,13 @@ def test_fires_when_event_loop_owns_the_tail_with_hand_computed_evidence() -> No
     assert ev["lag_readings_over_threshold"] == 5
     assert ev["lag_threshold_ms"] == 100.0
     # 20 active samples on the loop thread (10 + 5 + 3 + 2); the worker thread's 50 are off the loop.
-    assert ev["hot_frames"] == [
+    assert [{k: f[k] for k in ("frame", "share")} for f in ev["hot_frames"]] == [
         {"frame": "encode (tiktoken/core.py)", "share": 0.5},
         {"frame": "loads (json/__init__.py)", "share": 0.25},
         {"frame": "render (app/export.py)", "share": 0.15},
     ]
+    location = ev["hot_frames"][0]["location"]  # where `latprof check` annotates it
+    assert location == {"path": "/srv/app/tokens.py", "line": None, "function": "count_tokens"}  # the app's caller of encode
     assert ev["hot_frames_scope"] == "event-loop thread"
     assert ev["example_request_ids"] == ["r199", "r179", "r159"]
     assert "699 ms" in finding.summary and "encode (tiktoken/core.py)" in finding.summary
@@ -156,7 +158,7 @@ def test_hot_frames_fall_back_to_all_threads_when_the_loop_thread_is_not_recogni
     [finding] = EventLoopBlocked().check(analysis)
 
     # 70 active samples: the worker's 50 compress, then 10 encode, 5 loads.
-    assert finding.evidence["hot_frames"] == [
+    assert [{k: f[k] for k in ("frame", "share")} for f in finding.evidence["hot_frames"]] == [
         {"frame": "compress (gzip.py)", "share": round(50 / 70, 4)},
         {"frame": "encode (tiktoken/core.py)", "share": round(10 / 70, 4)},
         {"frame": "loads (json/__init__.py)", "share": round(5 / 70, 4)},
