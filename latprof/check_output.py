@@ -15,12 +15,13 @@ import secrets
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Mapping, TextIO
 from urllib.parse import quote
 
 import latprof
 from latprof.checks import CheckResult, CheckRun, Location
 from latprof.engine import fmt_ms
+from latprof.renderers import Formats
 
 JSON_SCHEMA = "latprof.check/1"
 SARIF_SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -30,26 +31,14 @@ FINGERPRINT_KEY = "latprof/v1"
 #: The `uriBaseId` of locations under the working directory (the checkout, in CI).
 SRCROOT = "SRCROOT"
 
-CheckFormatter = Callable[[CheckRun, TextIO], None]
 #: The formats `render` knows, by name.
-CHECK_FORMATS: dict[str, CheckFormatter] = {}
-
-
-def _register(name: str) -> Callable[[CheckFormatter], CheckFormatter]:
-    def decorate(fn: CheckFormatter) -> CheckFormatter:
-        CHECK_FORMATS[name] = fn
-        return fn
-
-    return decorate
+CHECK_FORMATS: Formats[CheckRun] = Formats("check")
+_register = CHECK_FORMATS.register
 
 
 def render(run: CheckRun, fmt: str, out: TextIO) -> None:
     """Write `run` to `out` in the format named `fmt` (one of `CHECK_FORMATS`)."""
-    try:
-        formatter = CHECK_FORMATS[fmt]
-    except KeyError:
-        raise ValueError(f"unknown check format {fmt!r}; known: {', '.join(sorted(CHECK_FORMATS))}") from None
-    formatter(run, out)
+    CHECK_FORMATS.render(run, fmt, out)
 
 
 # --- shared wording -------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from latprof.analysis import DEFAULT_WARMUP_S, Analysis
 from latprof.engine import Finding, fmt_ms
 from latprof.errors import InputError
 from latprof.layers import LAYERS
+from latprof.renderers import Formats
 from latprof.report import SCHEMA as REPORT_SCHEMA
 from latprof.report import LayerRow, Report, Verdict, WindowRow
 
@@ -625,26 +626,17 @@ def regression_failure(diff: Diff) -> str | None:
 
 # --- renderers --------------------------------------------------------------------------------
 
-DiffRenderer = Callable[[Diff, TextIO], None]
-RENDERERS: dict[str, DiffRenderer] = {}
-
-
-def register(name: str) -> Callable[[DiffRenderer], DiffRenderer]:
-    """Register a diff renderer under `name` (the value of `latprof diff --format`)."""
-
-    def decorate(fn: DiffRenderer) -> DiffRenderer:
-        RENDERERS[name] = fn
-        return fn
-
-    return decorate
+#: The formats of `latprof diff --format`, by name.
+RENDERERS: Formats[Diff] = Formats("diff")
+register = RENDERERS.register
 
 
 def names() -> list[str]:
-    return list(RENDERERS)
+    return RENDERERS.names()
 
 
 def render(diff: Diff, fmt: str, out: TextIO) -> None:
-    RENDERERS[fmt](diff, out)
+    RENDERERS.render(diff, fmt, out)
 
 
 def _share(value: float | None) -> str:

@@ -2,9 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Callable, TextIO
+from typing import Callable, Generic, Iterator, TextIO, TypeVar
 
 from latprof.report import Report
+
+T = TypeVar("T")
+
+
+class Formats(Generic[T]):
+    """Formatters of one kind of result (a check run, a diff), registered by name: the values of a `--format`."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._by_name: dict[str, Callable[[T, TextIO], None]] = {}
+
+    def register(self, name: str) -> Callable[[Callable[[T, TextIO], None]], Callable[[T, TextIO], None]]:
+        def decorate(fn: Callable[[T, TextIO], None]) -> Callable[[T, TextIO], None]:
+            self._by_name[name] = fn
+            return fn
+
+        return decorate
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def render(self, value: T, name: str, out: TextIO) -> None:
+        """Write `value` to `out` in the format `name`; ValueError for a name not registered."""
+        try:
+            formatter = self._by_name[name]
+        except KeyError:
+            raise ValueError(f"unknown {self.what} format {name!r}; known: {', '.join(self.names())}") from None
+        formatter(value, out)
+
 
 Renderer = Callable[[Report, TextIO], None]
 _RENDERERS: dict[str, Renderer] = {}
