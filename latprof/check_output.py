@@ -97,6 +97,8 @@ def format_value(value: float | None, unit: str) -> str:
 def render_text(run: CheckRun, out: TextIO) -> None:
     """The verdict, one line per check, then the tally."""
     out.write(f"verdict: {run.report.verdict.summary}\n")
+    for warning in run.report.collection.get("warnings") or ():  # a torn capture, dropped events: what the checks saw
+        out.write(f"warning: {warning}\n")
     width = min(40, max((len(r.title) for r in run.results), default=0))
     for result in run.results:
         # Messages are one sentence, but a custom rule's may not be: keep one line per check.
@@ -179,6 +181,9 @@ def to_markdown(run: CheckRun) -> str:
         f"**Verdict:** {_md_cell(run.report.verdict.summary)}",
         "",
     ]
+    warnings = run.report.collection.get("warnings") or []
+    if warnings:
+        lines += [f"> warning: {_md_cell(w)}" for w in warnings] + [""]
     if run.results:
         lines += ["| | check | observed | threshold | message |", "|---|---|---|---|---|"]
         for r in run.results:

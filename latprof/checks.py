@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import itertools
 import math
 import operator
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from latprof.analysis import NS_PER_MS, LatencySummary, percentile, summarize_latency
+from latprof.analysis import NS_PER_MS, Analysis, LatencySummary, percentile, summarize_latency, weighted_percentile
+from latprof.events import Segment
 from latprof.config import BUDGET_METRICS, LAYER_METRICS, Config, CustomCheck, Limit, load_config, percentile_of
 from latprof.engine import Finding, Rule
 from latprof.errors import ConfigError
@@ -144,10 +146,9 @@ class _Metrics:
         if a is None or a.latency is None:
             return None
         if metric == "ttft_p99_ms":
-            return _p99([(s.end_ns - s.start_ns) / NS_PER_MS for _, s in a.segments(PROVIDER)
-                         if s.attrs.get(TTFT_KNOWN) is True and s.end_ns > s.start_ns])  # fmt: skip
+            return _p99(a, [(i, s) for i, s in a.segments(PROVIDER) if s.attrs.get(TTFT_KNOWN) is True and s.end_ns > s.start_ns])
         if metric == "pool_wait_p99_ms":
-            return _p99([(s.end_ns - s.start_ns) / NS_PER_MS for _, s in a.segments(DB_POOL)])
+            return _p99(a, a.segments(DB_POOL))
         return _latency_field(a.latency, metric)
 
     def layer(self, layer: str, metric: str) -> float | None:
@@ -174,8 +175,20 @@ def _latency_field(summary: LatencySummary, metric: str) -> float:
     return float({"p50_ms": summary.p50_ms, "p90_ms": summary.p90_ms, "p99_ms": summary.p99_ms, "max_ms": summary.max_ms}[metric])
 
 
-def _p99(values: list[float]) -> float | None:
-    return percentile(sorted(values), 99) if values else None
+def _p99(analysis: Analysis, segments: Sequence[tuple[int, Segment]]) -> float | None:
+    """p99 of the segments' durations, each counted as often as its request's sampling weight."""
+    return _weighted(analysis, [(i, (s.end_ns - s.start_ns) / NS_PER_MS) for i, s in segments], 99.0)
+
+
+def _weighted(analysis: Analysis, values: Sequence[tuple[int, float]], q: float) -> float | None:
+    """Percentile `q` of (request index, value) pairs, a sampled request's value counting for the requests it stands for."""
+    if not values:
+        return None
+    if analysis.weights is None:
+        return percentile(sorted(v for _, v in values), q)
+    ordered = sorted(values, key=lambda pair: pair[1])
+    cumulative = list(itertools.accumulate(analysis.weight(i) for i, _ in ordered))
+    return weighted_percentile([v for _, v in ordered], cumulative, q)
 
 
 def _route_matches(route: str, pattern: str) -> bool:
@@ -224,7 +237,7 @@ def _held(check_id: str, what: str, limit: Limit, observed: float | None, base: 
     if limit.relative_pct is not None:
         evidence.update(baseline=None if base is None else round(base, 3), allowed_change_pct=limit.relative_pct)
         threshold = None if base is None else base * (1 + limit.relative_pct / 100)
-    bound_text = f"{limit.value:.0%}" if unit == "share" and limit.value is not None else limit.describe(unit)
+    bound_text = limit.describe(unit) if limit.value is None else _show(limit.value, unit)
     title = f"{what} <= {bound_text}"
     if observed is None or threshold is None:
         reason = no_data if observed is None else "the baseline has no value for it"
@@ -249,7 +262,9 @@ def _show(value: float, unit: str) -> str:
     if unit == "share":
         return f"{value:.0%}"
     if unit == "ms":
-        return f"{value / 1000:.2f} s" if value >= 10_000 else f"{value:.0f} ms" if value >= 10 else f"{value:.1f} ms"
+        if value >= 10_000:
+            return f"{value / 1000:.2f}".rstrip("0").rstrip(".") + " s"
+        return f"{value:.0f} ms" if value >= 10 else f"{value:.1f}".rstrip("0").rstrip(".") + " ms"
     return f"{value:g}"
 
 
@@ -324,30 +339,33 @@ def _custom(diagnosis: Diagnosis, check: CustomCheck) -> CheckResult:
                            f"{check.id}: not checked: the input has no per-request latencies", None, check.threshold,
                            unit, evidence)  # fmt: skip
     requests = [i for i, rt in enumerate(a.requests) if check.route is None or _route_matches(rt.request.route, check.route)]
+    # (request index, value) pairs: a sampled request's value counts for the requests it stands for
     if check.select == "requests":
         picked = [i for i in requests if _attrs_match(a.requests[i].request.attrs, check.attributes)]
-        values = [a.breakdowns[i].get(check.layer, 0.0) if check.layer else a.latencies_ms[i] for i in picked]
-        with_any = len(picked) if not check.layer else sum(1 for v in values if v > 0)
+        values = [(i, a.breakdowns[i].get(check.layer, 0.0) if check.layer else a.latencies_ms[i]) for i in picked]
+        with_any = {i for i, v in values if v > 0 or not check.layer}
     else:
         in_route = set(requests)
         segments = [(i, s) for i, s in a.segments(check.layer) if i in in_route and _attrs_match(s.attrs, check.attributes)
                     and (check.name is None or fnmatch.fnmatchcase(s.name, check.name))]  # fmt: skip
-        values = [(s.end_ns - s.start_ns) / NS_PER_MS for _, s in segments]
-        with_any = len({i for i, _ in segments})
-    count = len(values)
-    evidence.update(matched=count, requests=len(requests))
+        values = [(i, (s.end_ns - s.start_ns) / NS_PER_MS) for i, s in segments]
+        with_any = {i for i, _ in segments}
+    count = sum(a.weight(i) for i, _ in values)
+    represented = sum(a.weight(i) for i in requests)
+    evidence.update(matched=count, requests=represented)
+    value: float | None
     if check.stat == "count":
-        value: float | None = float(count)
+        value = float(count)
     elif share:
-        value = with_any / len(a.requests) if a.requests else None
+        value = sum(a.weight(i) for i in with_any) / represented if represented else None
     elif not values:
         value = None
     elif check.stat == "mean":
-        value = sum(values) / count
+        value = sum(a.weight(i) * v for i, v in values) / count
     elif check.stat == "max":
-        value = max(values)
+        value = max(v for _, v in values)
     else:
-        value = percentile(sorted(values), percentile_of(check.stat) or 50.0)
+        value = _weighted(a, values, percentile_of(check.stat) or 50.0)
     if value is None:
         return CheckResult(f"custom.{check.id}", "custom", title, "skip", check.level,
                            f"{check.id}: not checked: nothing matched its selection", None, check.threshold, unit,

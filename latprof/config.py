@@ -307,6 +307,10 @@ class _Parser:
             limits = {m: self.limit(entry[m], "budget", where, m) for m in ROUTE_METRICS if m in entry}
             if not limits:
                 raise self.error(self.key("budget", where), f"sets no budget; one of {', '.join(ROUTE_METRICS)}")
+            for earlier in routes:
+                twice = sorted(set(earlier.limits) & set(limits)) if earlier.route == route.strip() else []
+                if twice:
+                    raise self.error(self.key("budget", where, twice[0]), f"route {route.strip()!r} has a {twice[0]} budget already")
             routes.append(RouteBudget(route.strip(), limits))
         return overall, layers, routes
 
@@ -393,7 +397,7 @@ class _Parser:
                 raise self.error(self.key(where, "message"), f"must be a string, not {_show(message)}")
             try:
                 message.format(value=1.0, threshold=1.0, count=1, id=check_id)
-            except (KeyError, IndexError, ValueError) as exc:
+            except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
                 raise self.error(self.key(where, "message"), f"cannot be formatted ({exc}); fields: value, threshold, count, id") from None
             description = entry.get("description", "")
             if not isinstance(description, str):

@@ -173,15 +173,21 @@ def plugin_rules() -> list[type[Rule]]:
     """The rules other installed packages provide through the `latprof.rules` entry point group.
 
     Each entry point names a Rule subclass (`pkg.module:MyRule`) or a module whose Rule
-    subclasses are taken. One that cannot be loaded or breaks the rule contract is a
-    ConfigError naming the entry point and its distribution: a gate must not pass because a
-    check silently went missing.
+    subclasses are taken. One that cannot be loaded, names no rule, or breaks the rule contract
+    is a ConfigError naming the entry point and its distribution: a gate must not pass because
+    a check silently went missing.
     """
+    return [cls for cls, _ in _plugin_rules()]
+
+
+def _plugin_rules() -> list[tuple[type[Rule], str]]:
+    """(rule class, "entry point 'name' (value, from dist)") of each entry-point rule."""
+    import types
     from importlib.metadata import entry_points
 
     from latprof.errors import ConfigError
 
-    found: list[type[Rule]] = []
+    found: list[tuple[type[Rule], str]] = []
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         dist = getattr(getattr(ep, "dist", None), "name", None)
         where = f"entry point {ep.name!r} ({ep.value}{f', from {dist}' if dist else ''})"
@@ -190,18 +196,22 @@ def plugin_rules() -> list[type[Rule]]:
         except Exception as exc:
             raise ConfigError(f"{where}: cannot be loaded: {type(exc).__name__}: {exc}") from None
         if isinstance(loaded, type):
+            if not issubclass(loaded, Rule):
+                raise ConfigError(f"{where}: {loaded.__qualname__} is not a latprof.engine.Rule subclass")
             classes = [loaded]
-        else:
+        elif isinstance(loaded, types.ModuleType):
             classes = [v for v in vars(loaded).values() if isinstance(v, type) and issubclass(v, Rule)
-                       and v.__module__ == getattr(loaded, "__name__", None) and v.id]  # fmt: skip
+                       and v.__module__ == loaded.__name__ and v.id]  # fmt: skip
+            if not classes:
+                raise ConfigError(f"{where}: module {loaded.__name__} defines no latprof.engine.Rule subclass with an id")
+        else:
+            raise ConfigError(f"{where}: names a {type(loaded).__name__}, not a Rule subclass or a module of them")
         for cls in classes:
-            if not (isinstance(cls, type) and issubclass(cls, Rule)):
-                raise ConfigError(f"{where}: is not a latprof.engine.Rule subclass")
             try:
                 validate_rule_class(cls)
             except TypeError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
-            found.append(cls)
+            found.append((cls, where))
     return found
 
 
@@ -210,10 +220,11 @@ def all_rules() -> list[type[Rule]]:
     from latprof.errors import ConfigError
 
     by_id: dict[str, type[Rule]] = {cls.id: cls for cls in discover_rules()}
-    for cls in plugin_rules():
-        if cls.id in by_id and by_id[cls.id] is not cls:
-            raise ConfigError(f"rule id {cls.id!r} of {cls.__module__}.{cls.__qualname__} is already taken by"
-                              f" {by_id[cls.id].__module__}.{by_id[cls.id].__qualname__}")  # fmt: skip
+    for cls, where in _plugin_rules():
+        taken = by_id.get(cls.id)
+        if taken is not None and taken is not cls:
+            raise ConfigError(f"{where}: rule id {cls.id!r} of {cls.__module__}.{cls.__qualname__} is already taken by"
+                              f" {taken.__module__}.{taken.__qualname__}")  # fmt: skip
         by_id[cls.id] = cls
     return [by_id[k] for k in sorted(by_id)]
 
