@@ -25,7 +25,6 @@ from latprof.renderers import Formats
 
 JSON_SCHEMA = "latprof.check/1"
 SARIF_SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
-INFORMATION_URI = "https://github.com/latprof/latprof"
 #: The key of SARIF `partialFingerprints`: code scanning matches alerts across runs by it.
 FINGERPRINT_KEY = "latprof/v1"
 #: The `uriBaseId` of locations under the working directory (the checkout, in CI).
@@ -340,7 +339,6 @@ def sarif_log(run: CheckRun, *, cwd: str | os.PathLike[str] | None = None) -> di
                     "driver": {
                         "name": "latprof",
                         "version": latprof.__version__,
-                        "informationUri": INFORMATION_URI,
                         "rules": rules,
                     }
                 },
