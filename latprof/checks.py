@@ -9,13 +9,12 @@ import math
 import operator
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from latprof.analysis import NS_PER_MS, Analysis, LatencySummary, percentile, summarize_latency, weighted_percentile
 from latprof.events import Segment
 from latprof.config import BUDGET_METRICS, LAYER_METRICS, Config, CustomCheck, Limit, load_config, percentile_of
 from latprof.engine import Finding, Rule
-from latprof.errors import ConfigError
 from latprof.layers import DB_POOL, PROVIDER
 from latprof.report import Report
 from latprof.semconv import TTFT_KNOWN
@@ -119,20 +118,12 @@ def run_checks(diagnosis: Diagnosis, config: Config, *, rule_classes: Sequence[t
     `rule_classes` are the rules the diagnosis ran with (built-in and entry points); disabled
     ones are left out. A relative budget needs `baseline`; without one it is a ConfigError.
     """
-    if config.needs_baseline and baseline is None:
-        key = next(k for k in _limit_keys(config))
-        raise ConfigError(f"{config.path}:{key}: is relative to a baseline: pass --baseline CAPTURE")
+    config.require_baseline(baseline)
     results: list[CheckResult] = []
     results += _budgets(diagnosis, config, baseline)
     results += _rules(diagnosis, config, rule_classes)
     results += [_custom(diagnosis, check) for check in config.checks]
     return CheckRun(list(inputs), results, diagnosis.report, config.path, baseline_input)
-
-
-def _limit_keys(config: Config) -> Iterator[str]:
-    limits = [*config.budget.values(), *(x for b in config.layer_budgets.values() for x in b.values()),
-              *(x for r in config.route_budgets for x in r.limits.values())]  # fmt: skip
-    return (limit.key for limit in limits if limit.relative_pct is not None)
 
 
 class _Metrics:
@@ -394,21 +385,15 @@ def check_paths(paths: Sequence[str | os.PathLike[str]], *, config_path: str | o
     The config is `config`, else the file at `config_path`, else the one found from the working
     directory (none: the defaults, every rule gating). `warmup_s` overrides its `skip_warmup_s`.
     """
-    from latprof.analysis import DEFAULT_WARMUP_S
-    from latprof.engine import all_rules, configured
-    from latprof.pipeline import run_diagnosis
+    from latprof.engine import all_rules
+    from latprof.pipeline import run_configured
 
     classes = all_rules()
     if config is None:
         config = load_config(config_path, rule_classes=classes)
-    if warmup_s is None:
-        warmup_s = config.skip_warmup_s if config.skip_warmup_s is not None else DEFAULT_WARMUP_S
-    if config.needs_baseline and baseline is None:
-        key = next(_limit_keys(config))
-        raise ConfigError(f"{config.path}:{key}: is relative to a baseline: pass --baseline CAPTURE")
-    rules = configured(classes, config.rules)
-    diagnosis = run_diagnosis(paths, warmup_s=warmup_s, rules=rules)
-    before = run_diagnosis([baseline], warmup_s=warmup_s, rules=rules) if baseline is not None else None
+    config.require_baseline(baseline)
+    diagnosis = run_configured(paths, config, classes, warmup_s=warmup_s)
+    before = run_configured([baseline], config, classes, warmup_s=warmup_s) if baseline is not None else None
     enabled = [cls for cls in classes if config.rule(cls.id).enabled]
     return run_checks(diagnosis, config, rule_classes=enabled, baseline=before, inputs=[str(p) for p in paths],
                       baseline_input=None if baseline is None else str(baseline))  # fmt: skip

@@ -108,14 +108,13 @@ def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path 
     config (`[tool.latprof]`, latprof.toml) sets them.
     """
     from latprof.config import load_config
-    from latprof.engine import all_rules, configured
-    from latprof.pipeline import run_diagnosis
+    from latprof.engine import all_rules
+    from latprof.pipeline import run_configured
 
     classes = all_rules()
     config = load_config(config_path, rule_classes=classes)
-    if config.skip_warmup_s is not None and ctx.get_parameter_source("warmup_s") is click.core.ParameterSource.DEFAULT:
-        warmup_s = config.skip_warmup_s
-    diagnosis = run_diagnosis(paths, warmup_s=warmup_s, rules=configured(classes, config.rules))
+    given = ctx.get_parameter_source("warmup_s") is not click.core.ParameterSource.DEFAULT
+    diagnosis = run_configured(paths, config, classes, warmup_s=warmup_s if given else None)
     _emit(lambda out: renderers.get(fmt)(diagnosis.report, out), output)
     # The analysis stays referenced until here: `run` leaves without freeing it.
     _KEEP_UNTIL_EXIT.append(diagnosis)

@@ -146,11 +146,21 @@ class Config:
     def rule(self, rule_id: str) -> RuleSettings:
         return self.rules.get(rule_id, RuleSettings())
 
+    def limits(self) -> list[Limit]:
+        """Every budget's limit: overall, per layer, per route."""
+        return [*self.budget.values(), *(x for b in self.layer_budgets.values() for x in b.values()),
+                *(x for r in self.route_budgets for x in r.limits.values())]  # fmt: skip
+
     @property
     def needs_baseline(self) -> bool:
-        limits = [*self.budget.values(), *(x for b in self.layer_budgets.values() for x in b.values()),
-                  *(x for r in self.route_budgets for x in r.limits.values())]  # fmt: skip
-        return any(limit.relative_pct is not None for limit in limits)
+        """Some budget is relative to a baseline (`"+10%"`)."""
+        return any(limit.relative_pct is not None for limit in self.limits())
+
+    def require_baseline(self, baseline: object) -> None:
+        """Raise ConfigError naming the first relative budget when there is no baseline to hold it against."""
+        if self.needs_baseline and baseline is None:
+            key = next(limit.key for limit in self.limits() if limit.relative_pct is not None)
+            raise ConfigError(f"{self.path}:{key}: is relative to a baseline: pass --baseline CAPTURE")
 
 
 # --- finding and reading the file -----------------------------------------------------------------

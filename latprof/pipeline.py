@@ -11,7 +11,8 @@ from typing import Iterable, Iterator, Sequence
 from latprof.analysis import DEFAULT_WARMUP_S, Analysis, analyze
 from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
 from latprof.capture.reader import read_captures
-from latprof.engine import Finding, Rule, all_rules, run_rules
+from latprof.config import Config
+from latprof.engine import Finding, Rule, all_rules, configured, run_rules
 from latprof.inference import infer_pool_waits, infer_queueing
 from latprof.report import Report, build_report
 from latprof.timeline import build_timeline
@@ -64,6 +65,20 @@ def run_diagnosis(
         analysis = analyze(timeline, warmup_s=warmup_s)
         findings = run_rules(analysis, default_rules() if rules is None else rules)
         return Diagnosis(analysis, findings, build_report(analysis, findings))
+
+
+def run_configured(
+    paths: Iterable[str | os.PathLike[str]],
+    config: Config,
+    rule_classes: Sequence[type[Rule]],
+    *,
+    warmup_s: float | None = None,
+) -> Diagnosis:
+    """`run_diagnosis` as the config says: its enabled rules with their thresholds, and its
+    `skip_warmup_s` unless `warmup_s` is given (else the default)."""
+    if warmup_s is None:
+        warmup_s = config.skip_warmup_s if config.skip_warmup_s is not None else DEFAULT_WARMUP_S
+    return run_diagnosis(paths, warmup_s=warmup_s, rules=configured(rule_classes, config.rules))
 
 
 def diagnose(
