@@ -271,15 +271,14 @@ def _rules(diagnosis: Diagnosis, config: Config, rule_classes: Sequence[type[Rul
         found = [f for f in diagnosis.findings if f.rule == cls.id]
         crashed = [f for f in found if f.crashed]
         failing = [f for f in found if not f.crashed and f.severity in FAILING_SEVERITIES]
-        common = {"rule": cls.id, "layer": cls.layer, "description": description}
         if crashed:
             out.append(CheckResult(f"rule.{cls.id}", "rule", title, "skip", settings.level, crashed[0].summary,
-                                   evidence=dict(crashed[0].evidence), **common))  # type: ignore[arg-type]
+                                   evidence=dict(crashed[0].evidence), rule=cls.id, layer=cls.layer, description=description))
             continue
         if not failing:
             note = f" (info: {found[0].summary})" if found else ""
             out.append(CheckResult(f"rule.{cls.id}", "rule", title, "pass", settings.level,
-                                   f"{cls.id} found nothing{note}", **common))  # type: ignore[arg-type]
+                                   f"{cls.id} found nothing{note}", rule=cls.id, layer=cls.layer, description=description))
             continue
         top = failing[0]
         more = f" (and {len(failing) - 1} more finding{'s' if len(failing) > 2 else ''} of this rule)" if len(failing) > 1 else ""

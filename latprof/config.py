@@ -47,10 +47,13 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from latprof.errors import ConfigError
 from latprof.layers import LAYERS
+
+if TYPE_CHECKING:
+    from latprof.engine import Rule
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -190,7 +193,7 @@ def find_config(start: str | os.PathLike[str] | None = None) -> Path | None:
 
 
 def load_config(path: str | os.PathLike[str] | None = None, *, search: bool = True,
-                rule_classes: Sequence[type] | None = None) -> Config:  # fmt: skip
+                rule_classes: Sequence[type[Rule]] | None = None) -> Config:  # fmt: skip
     """Read and validate the config at `path`, or the one `find_config` finds (none: defaults).
 
     `rule_classes` are the rules whose ids and thresholds the `rules` tables may name (default:
@@ -226,7 +229,7 @@ def load_config(path: str | os.PathLike[str] | None = None, *, search: bool = Tr
         from latprof.engine import all_rules
 
         rule_classes = all_rules()
-    return _Parser(label, prefix, {cls.id: cls for cls in rule_classes}).config(table)  # type: ignore[attr-defined]
+    return _Parser(label, prefix, {cls.id: cls for cls in rule_classes}).config(table)
 
 
 # --- validation -------------------------------------------------------------------------------------
