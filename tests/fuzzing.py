@@ -1,4 +1,4 @@
-"""Junk documents for the trace readers' fuzz tests: one value anywhere replaced, or one key deleted."""
+"""Junk for the trace readers' fuzz tests: documents with one value replaced or one key deleted, and damaged bytes."""
 
 from __future__ import annotations
 
@@ -36,3 +36,20 @@ def mutations(doc: Any, rng: random.Random, count: int, junk: Sequence[Any]) -> 
             node[last] = rng.choice(junk)
         out.append(copy)
     return out
+
+
+def damaged(data: bytes, rng: random.Random) -> bytes:
+    """`data` with 1 to 4 byte-level injuries: a byte changed, a run cut out, junk inserted, or the rest torn off."""
+    raw = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        choice, at = rng.random(), rng.randrange(len(raw))
+        if choice < 0.4:
+            raw[at] = rng.randrange(256)
+        elif choice < 0.7:
+            del raw[at:at + rng.randint(1, 40)]
+        elif choice < 0.85:
+            raw[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        else:
+            del raw[at:]
+            break
+    return bytes(raw)

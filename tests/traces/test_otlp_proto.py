@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
+from fuzzing import damaged
 from google.protobuf import json_format
 from opentelemetry import trace as trace_api
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -352,19 +353,8 @@ def test_corrupt_bytes_are_read_or_an_input_error(tmp_path: Path) -> None:
     lines = stream(sdk_request(), two_spans(), sdk_request())
     outcomes: dict[str, int] = {}
     for i in range(300):
-        raw = bytearray([single, lines, gzip.compress(lines, mtime=0)][i % 3])
-        for _ in range(rng.randint(1, 4)):
-            choice, at = rng.random(), rng.randrange(len(raw))
-            if choice < 0.4:
-                raw[at] = rng.randrange(256)
-            elif choice < 0.7:
-                del raw[at:at + rng.randint(1, 40)]
-            elif choice < 0.85:
-                raw[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
-            else:
-                del raw[at:]
-                break
-        path = write(tmp_path / f"c{i}.pb", bytes(raw))
+        raw = damaged([single, lines, gzip.compress(lines, mtime=0)][i % 3], rng)
+        path = write(tmp_path / f"c{i}.pb", raw)
         try:
             read = read_otlp_proto(path)
         except InputError as exc:

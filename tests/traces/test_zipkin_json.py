@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fuzzing import mutations
+from fuzzing import damaged, mutations
 import pytest
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
@@ -617,21 +617,9 @@ def test_corrupt_bytes_are_read_or_an_input_error(tmp_path: Path) -> None:
     lines = b"\n".join(orjson.dumps(trace) for trace in fuzz_base()) + b"\n"
     outcomes: dict[str, int] = {}
     for i in range(300):
-        raw = bytearray([data, lines, gzip.compress(data, mtime=0)][i % 3])
-        for _ in range(rng.randint(1, 4)):
-            choice = rng.random()
-            at = rng.randrange(len(raw))
-            if choice < 0.4:
-                raw[at] = rng.randrange(256)
-            elif choice < 0.7:
-                del raw[at:at + rng.randint(1, 40)]
-            elif choice < 0.85:
-                raw[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
-            else:
-                del raw[at:]
-                break
+        raw = damaged([data, lines, gzip.compress(data, mtime=0)][i % 3], rng)
         path = tmp_path / f"c{i}.json"
-        path.write_bytes(bytes(raw))
+        path.write_bytes(raw)
         outcome = _check_outcome(path)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     assert outcomes["read"] > 20 and outcomes["error"] > 20
