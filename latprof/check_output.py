@@ -108,7 +108,6 @@ def render_text(run: CheckRun, out: TextIO) -> None:
 
 def to_dict(run: CheckRun) -> dict[str, Any]:
     """The latprof.check/1 JSON shape."""
-    verdict = run.report.verdict
     return {
         "schema": JSON_SCHEMA,
         "passed": not run.failed,
@@ -123,14 +122,7 @@ def to_dict(run: CheckRun) -> dict[str, Any]:
             "skipped": sum(1 for r in run.results if r.outcome == "skip"),
         },
         "checks": [result_to_dict(r) for r in run.results],
-        "verdict": {
-            "layer": verdict.layer,
-            "rule": verdict.rule,
-            "summary": verdict.summary,
-            "confidence": verdict.confidence,
-            "share_of_tail_excess": verdict.share_of_tail_excess,
-            "status": verdict.status,
-        },
+        "verdict": run.report.verdict.to_dict(),
     }
 
 

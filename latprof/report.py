@@ -51,6 +51,17 @@ class Verdict:
     #: "too_few_requests" (the last two have `layer` null).
     status: str = "layer"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The report-v1 `verdict` object."""
+        return {
+            "layer": self.layer,
+            "rule": self.rule,
+            "share_of_tail_excess": self.share_of_tail_excess,
+            "confidence": self.confidence,
+            "summary": self.summary,
+            "status": self.status,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class LayerRow:
@@ -104,14 +115,7 @@ class Report:
                 }
                 for row in self.layers
             ],
-            "verdict": {
-                "layer": self.verdict.layer,
-                "rule": self.verdict.rule,
-                "share_of_tail_excess": self.verdict.share_of_tail_excess,
-                "confidence": self.verdict.confidence,
-                "summary": self.verdict.summary,
-                "status": self.verdict.status,
-            },
+            "verdict": self.verdict.to_dict(),
             "findings": [
                 {
                     "rule": f.rule,
