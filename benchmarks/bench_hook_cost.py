@@ -9,7 +9,7 @@ other trial, because the machine is noisy), on the same loop of requests with
 - baseline: an empty context manager (`contextlib.nullcontext`), the attribute dict built;
 - latprof `segment()`: `runtime.segment(name, layer, attrs)` as a `with` block, inside
   `begin_request`/`end_request`, recording into a real `CaptureWriter` on a temp file with
-  the defaults `latprof run` uses (collectors/bootstrap.py);
+  the defaults `latprof run` uses (collectors/hooks/bootstrap.py);
 - latprof `record()`: `now_ns()` before and after, then `runtime.record(...)`, the path the
   SQLAlchemy and OpenAI hooks take;
 - OpenTelemetry: `tracer.start_as_current_span(name, attributes=attrs)` under a root span, a
@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from latprof.capture.writer import CaptureWriter
-from latprof.collectors import runtime
+from latprof.collectors.hooks import runtime
 from latprof.layers import DB_QUERY
 from latprof.semconv import DB_QUERY_SUMMARY, DB_SYSTEM_NAME
 

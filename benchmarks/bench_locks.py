@@ -2,7 +2,7 @@
 
     python benchmarks/bench_locks.py [--n 200000] [--trials 7]
 
-Every lock a service creates after `latprof run` loaded the hooks is wrapped (`collectors/locks.py`),
+Every lock a service creates after `latprof run` loaded the hooks is wrapped (`collectors/hooks/locks.py`),
 so every `with lock:` pays a Python call even when nobody else holds the lock. This measures,
 interleaved trial by trial, `with lock: pass` on a native and on a wrapped threading Lock and
 RLock, a BoundedSemaphore before and after its `acquire` is patched, and `async with` on an
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/
 
 from recording import recording  # noqa: E402
 
-from latprof.collectors import locks, runtime  # noqa: E402
+from latprof.collectors.hooks import locks, runtime  # noqa: E402
 
 
 def per_op(fn: Callable[[int], None], n: int) -> float:

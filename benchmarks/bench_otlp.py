@@ -36,7 +36,7 @@ os._exit(0)
 """
 READER = """
 import os, sys, time
-from latprof.collectors.otlp_json import read_otlp_json
+from latprof.collectors.traces.otlp_json import read_otlp_json
 start = time.perf_counter()
 read = read_otlp_json(sys.argv[1])
 print(time.perf_counter() - start, len(read.spans), len(read.warnings), flush=True)
@@ -46,7 +46,7 @@ os._exit(0)  # skip freeing a million spans at exit: not part of reading
 ANALYZE = """
 import io, os, sys, time
 from latprof.pipeline import run_diagnosis
-from latprof.renderers import get
+from latprof.report.renderers import get
 start = time.perf_counter()
 diagnosis = run_diagnosis([sys.argv[1]])
 get("json")(diagnosis.report, io.StringIO())

@@ -45,7 +45,7 @@ import httpx
 import orjson
 import psutil
 
-from latprof.launcher import hooked_environment
+from latprof.collectors.hooks.launcher import hooked_environment
 from latprof.semconv import DEFAULT_MAX_RATE, SAMPLE_WEIGHT
 
 HERE = Path(__file__).resolve().parent

@@ -11,8 +11,9 @@ from typing import Any, TextIO
 
 import click
 
-from latprof import __version__, renderers
-from latprof.analysis import DEFAULT_WARMUP_S
+from latprof import __version__
+from latprof.report import renderers
+from latprof.analysis.requests import DEFAULT_WARMUP_S
 from latprof.errors import CollectorError, ConfigError, InputError, LatprofError
 from latprof.semconv import DEFAULT_MAX_RATE
 
@@ -107,7 +108,7 @@ def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path 
     .gz; told by content) or directories of them; several are merged. The rules run as the
     config (`[tool.latprof]`, latprof.toml) sets them.
     """
-    from latprof.config import load_config
+    from latprof.ci.config import load_config
     from latprof.engine import all_rules
     from latprof.pipeline import run_configured
 
@@ -143,8 +144,8 @@ def check(ctx: click.Context, paths: tuple[Path, ...], config_path: Path | None,
     (GITHUB_ACTIONS=true) failures also become ::error/::warning annotations and a summary in
     $GITHUB_STEP_SUMMARY.
     """
-    from latprof import check_output
-    from latprof.checks import check_paths
+    from latprof.ci import check_output
+    from latprof.ci.checks import check_paths
 
     run = check_paths(paths, config_path=config_path, baseline=baseline, warmup_s=warmup_s)
     _KEEP_UNTIL_EXIT.append(run)
@@ -227,7 +228,7 @@ def run(
     process it starts loads the hooks (no code change); signals sent to latprof go on to it;
     latprof exits with the command's exit code.
     """
-    from latprof.launcher import (
+    from latprof.collectors.hooks.launcher import (
         available_hooks,
         describe_hooks,
         processes_with_hooks,
@@ -297,10 +298,9 @@ def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: st
     """
     import signal
 
-    from latprof.attach_session import AttachSession, pyspy
+    from latprof.attach.session import AttachSession
+    from latprof.collectors.attach import pg_activity, pyspy
     from latprof.pipeline import run_diagnosis
-
-    from latprof.attach_session import pg_activity
 
     capture = out or Path(time.strftime("latprof-attach-%Y%m%d-%H%M%S.jsonl"))
     session = AttachSession(pid, str(capture), duration_s=duration_s, rate=rate, subprocesses=not no_subprocesses, db=db,
@@ -365,7 +365,7 @@ def receive(listen: str | None, out: Path | None, duration_s: float | None, max_
     import threading
 
     from latprof.pipeline import run_diagnosis
-    from latprof.receive import DEFAULT_LISTEN, DEFAULT_MAX_SPANS, Receiver, is_loopback, parse_listen
+    from latprof.collectors.traces.receive import DEFAULT_LISTEN, DEFAULT_MAX_SPANS, Receiver, is_loopback, parse_listen
 
     host, port = parse_listen(listen or DEFAULT_LISTEN)
     if not is_loopback(host):
@@ -429,7 +429,8 @@ def top(pid: int, rate: int, no_subprocesses: bool, interval_s: float) -> None:
 
     q or Ctrl-C quits. When stdout is not a terminal, one plain table is printed every interval.
     """
-    from latprof.top import pyspy, run_top
+    from latprof.attach.top import run_top
+    from latprof.collectors.attach import pyspy
 
     try:
         result = run_top(pid, rate=rate, subprocesses=not no_subprocesses, interval_s=interval_s,
@@ -480,7 +481,7 @@ def demo(scenario: str, dsn: str | None, out: Path | None, duration_s: float | N
 
 
 def _diff_formats() -> list[str]:
-    from latprof.diff import names
+    from latprof.ci.diff import names
 
     return names()
 
@@ -502,7 +503,7 @@ def diff(ctx: click.Context, before: Path, after: Path, fmt: str, output: Path |
     BEFORE and AFTER are anything `latprof analyze` reads (captures, trace files, directories), or
     reports it saved with `--format json` (--skip-warmup does not apply to those).
     """
-    from latprof.diff import diff_paths, regression_failure, render
+    from latprof.ci.diff import diff_paths, regression_failure, render
 
     result, loaded = diff_paths(before, after, warmup_s=warmup_s, threshold_pct=threshold_pct)
     _KEEP_UNTIL_EXIT.append(loaded)
@@ -526,14 +527,14 @@ def rules(ctx: click.Context, fmt: str, config_path: Path | None) -> None:
     ctx.ensure_object(dict)
     ctx.obj["config_path"] = config_path
     if ctx.invoked_subcommand is None:
-        from latprof import catalogue
+        from latprof.report import catalogue
 
         config, classes = _rules_config(config_path)
         catalogue.FORMATS[fmt](catalogue.entries(classes, config), config, sys.stdout)
 
 
 def _rules_config(config_path: Path | None) -> tuple[Any, Any]:
-    from latprof.config import load_config
+    from latprof.ci.config import load_config
     from latprof.engine import all_rules
 
     classes = all_rules()
@@ -546,7 +547,7 @@ def _rules_config(config_path: Path | None) -> tuple[Any, Any]:
 @click.pass_context
 def explain(ctx: click.Context, rule_id: str, config_path: Path | None) -> None:
     """Print a rule's documentation and thresholds (with the values the config gives them)."""
-    from latprof import catalogue
+    from latprof.report import catalogue
 
     config, classes = _rules_config(config_path or (ctx.obj or {}).get("config_path"))
     by_id = {rule.id: rule for rule in classes}

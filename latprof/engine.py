@@ -12,7 +12,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
-from latprof.analysis import Analysis, LayerStats
+from latprof.analysis.requests import Analysis, LayerStats
 from latprof.layers import LAYERS
 
 SEVERITIES = ("critical", "warning", "info")
@@ -148,8 +148,11 @@ def validate_rule_class(cls: type[Rule]) -> None:
 
 
 def discover_rules() -> list[type[Rule]]:
-    """Every built-in rule: each module in `latprof.rules` is imported and its Rule subclasses kept."""
-    package = importlib.import_module("latprof.rules")  # mapped from rules/ at install time
+    """Every built-in rule: each module in `latprof.rules` is imported and its Rule subclasses kept.
+
+    Found as plugins are, so that adding a rule touches two files: the rule and its test.
+    """
+    import latprof.rules as package
 
     found: dict[str, type[Rule]] = {}
     for info in pkgutil.iter_modules(package.__path__):

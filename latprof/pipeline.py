@@ -8,14 +8,14 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
-from latprof.analysis import DEFAULT_WARMUP_S, Analysis, analyze
+from latprof.analysis.requests import DEFAULT_WARMUP_S, Analysis, analyze
 from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
 from latprof.capture.reader import read_captures
-from latprof.config import Config
+from latprof.ci.config import Config
 from latprof.engine import Finding, Rule, all_rules, configured, run_rules
-from latprof.inference import infer_pool_waits, infer_queueing
-from latprof.report import Report, build_report
-from latprof.timeline import build_timeline
+from latprof.analysis.inference import infer_pool_waits, infer_queueing
+from latprof.report.model import Report, build_report
+from latprof.analysis.timeline import build_timeline
 
 
 def default_rules() -> list[Rule]:
@@ -27,7 +27,7 @@ def default_rules() -> list[Rule]:
 class Diagnosis:
     """A finished diagnosis with what it was made from: the analysis and the rules' findings.
 
-    `analysis` is None for an attach capture (stack samples, no requests: `latprof.attach_analysis`).
+    `analysis` is None for an attach capture (stack samples, no requests: `latprof.attach.analysis`).
     """
 
     analysis: Analysis | None
@@ -55,7 +55,7 @@ def run_diagnosis(
         if source_kind is not None:
             timeline.source_kind = source_kind
         if timeline.source_kind == "attach" and not timeline.requests:
-            from latprof.attach_analysis import analyze_attach, attach_findings, build_attach_report
+            from latprof.attach.analysis import analyze_attach, attach_findings, build_attach_report
 
             attach = analyze_attach(timeline)
             attach_found = attach_findings(attach)

@@ -68,7 +68,7 @@ TOOL_DEPENDS_ON: Final = "latprof.tool.depends_on"
 #: str on an agent tool call: the framework that called it (langchain, openai-agents, mcp).
 TOOL_FRAMEWORK: Final = "latprof.tool.framework"
 
-#: Name of the segment of a sleep inside a request (collectors/sleeps.py): `retry` when a retry
+#: Name of the segment of a sleep inside a request (collectors/hooks/sleeps.py): `retry` when a retry
 #: library slept, else without a layer until the analysis finds it was a backoff.
 SLEEP_SEGMENT: Final = "sleep"
 #: str on a `retry` sleep: the retry library that slept (tenacity, backoff, urllib3, ...).

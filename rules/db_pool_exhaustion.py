@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from latprof.analysis import NS_PER_MS, Analysis
+from latprof.analysis.requests import NS_PER_MS, Analysis
 from latprof.capture.format import TRACE_SOURCES
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
-from latprof.inference import (
+from latprof.analysis.inference import (
     INFERRED,
     INFERRED_AT_CEILING,
     INFERRED_CEILING,
@@ -148,7 +148,7 @@ class DbPoolExhaustion(Rule):
 
 
 def _inferred(analysis: Analysis) -> dict[str, object]:
-    """The inference's evidence when the `db.pool` time was inferred from trace gaps (latprof.inference), else {}."""
+    """The inference's evidence when the `db.pool` time was inferred from trace gaps (latprof.analysis.inference), else {}."""
     pool = analysis.segments(DB_POOL)
     marked = [s for _, s in pool if s.attrs.get(INFERRED)]
     if not marked:

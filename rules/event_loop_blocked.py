@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence, TypeVar
 
-from latprof.analysis import Analysis, percentile
+from latprof.analysis.requests import Analysis, percentile
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.events import Frame, Gauge, StackSample
 from latprof.layers import EVENT_LOOP

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from latprof.analysis import Analysis
+from latprof.analysis.requests import Analysis
 from latprof.engine import (
     Finding,
     Rule,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from latprof.analysis import Analysis
+from latprof.analysis.requests import Analysis
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.layers import LOCK
 from latprof.semconv import LOCK_KIND, LOCK_SITE

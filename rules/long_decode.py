@@ -6,13 +6,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from latprof.analysis import NS_PER_MS, Analysis
+from latprof.analysis.requests import NS_PER_MS, Analysis
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.events import Segment
-from latprof.genai import is_measured, model_of, token_count
+from latprof.analysis.genai import is_measured, model_of, token_count
 from latprof.layers import MODEL
 from latprof.semconv import ESTIMATED, GEN_AI_OUTPUT_TOKENS
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 OUTPUT_TOKENS = "output_tokens"
 TIME_PER_TOKEN = "time_per_token"

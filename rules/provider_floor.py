@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from latprof.analysis import NS_PER_MS, Analysis, LayerStats, percentile
+from latprof.analysis.requests import NS_PER_MS, Analysis, LayerStats, percentile
 from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
-from latprof.genai import model_of, token_count
+from latprof.analysis.genai import model_of, token_count
 from latprof.layers import LAYERS, PROVIDER
 from latprof.semconv import (
     ESTIMATED,

@@ -7,9 +7,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from latprof.analysis import Analysis
+from latprof.analysis.requests import Analysis
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
-from latprof.inference import INFERRED, INFERRED_CONCURRENCY, INFERRED_FROM, INFERRED_SERVICE
+from latprof.analysis.inference import INFERRED, INFERRED_CONCURRENCY, INFERRED_FROM, INFERRED_SERVICE
 from latprof.layers import QUEUE
 from latprof.semconv import GAUGE_ACCEPT_QUEUE, QUEUE_SOURCE
 

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from latprof.analysis import Analysis
+from latprof.analysis.requests import Analysis
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.layers import RETRY
 from latprof.semconv import HTTP_STATUS_CODE, RETRY_AFTER_ERROR, RETRY_AFTER_STATUS, RETRY_LIBRARY

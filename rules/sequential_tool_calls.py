@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from latprof.analysis import NS_PER_MS, Analysis
+from latprof.analysis.requests import NS_PER_MS, Analysis
 from latprof.capture.format import TRACE_SOURCES
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.events import Segment

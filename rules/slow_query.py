@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from latprof.analysis import NS_PER_MS, Analysis, percentile
+from latprof.analysis.requests import NS_PER_MS, Analysis, percentile
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.layers import DB_QUERY
 from latprof.semconv import DB_QUERY_SUMMARY, DB_SYSTEM_NAME

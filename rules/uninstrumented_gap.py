@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from latprof.analysis import NS_PER_MS, Analysis
+from latprof.analysis.requests import NS_PER_MS, Analysis
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.layers import DB_QUERY, UNATTRIBUTED
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 START = "the request's start"
 END = "the request's end"

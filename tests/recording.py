@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from latprof.collectors import runtime
+from latprof.collectors.hooks import runtime
 
 
 class ListWriter:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from timelines import analysed, population, req, seg
 
-from latprof.analysis import cohorts, coverage, layer_stats, percentile, skip_warmup, summarize_latency, windows
+from latprof.analysis.requests import cohorts, coverage, layer_stats, percentile, skip_warmup, summarize_latency, windows
 
 
 def test_percentile_interpolates_like_numpy():
@@ -106,7 +106,7 @@ def test_analyze_skips_warmup_by_default():
     reqs = [req(t, t + 50, seg("db.query", t, t + 50)) for t in range(0, 10_000, 100)]
     from timelines import timeline
 
-    from latprof.analysis import analyze
+    from latprof.analysis.requests import analyze
 
     a = analyze(timeline(reqs))
     assert a.warmup_skipped == 20
@@ -115,7 +115,7 @@ def test_analyze_skips_warmup_by_default():
 
 
 def test_percentiles_with_most_requests_at_zero_match_the_plain_percentile():
-    from latprof.analysis import _percentile_with_zeros
+    from latprof.analysis.requests import _percentile_with_zeros
 
     values = [0.0] * 90 + [float(v) for v in range(1, 11)]
     nonzero = [v for v in values if v]

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from latprof.analysis import analyze
+from latprof.analysis.requests import analyze
 from latprof.capture.reader import read_captures
-from latprof.timeline import build_timeline
+from latprof.analysis.timeline import build_timeline
 
 WRITER = textwrap.dedent(
     """

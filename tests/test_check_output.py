@@ -14,10 +14,10 @@ import jsonschema
 import pytest
 
 import latprof
-from latprof import check_output
-from latprof.checks import CheckResult, CheckRun, Location
+from latprof.ci import check_output
+from latprof.ci.checks import CheckResult, CheckRun, Location
 from latprof.pipeline import run_diagnosis
-from latprof.report import Report
+from latprof.report.model import Report
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 CAPTURE = EXAMPLES / "pool_held_across_llm.jsonl.gz"

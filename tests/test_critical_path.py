@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from timelines import req, seg
 
-from latprof.analysis import critical_path, layer_times_ms, split_uncovered
+from latprof.analysis.requests import critical_path, layer_times_ms, split_uncovered
 
 MS = 1_000_000
 

@@ -9,7 +9,7 @@ from timelines import analysed, population
 
 from latprof.engine import DOC_SECTIONS, Rule, discover_rules, run_rules, validate_rule_class
 from latprof.layers import LAYERS
-from latprof.report import build_report
+from latprof.report.model import build_report
 
 DOC = """Summary line.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from timelines import analysed, req, seg
 
-from latprof.genai import decode_ms_per_token, split_unstreamed_calls, token_count
+from latprof.analysis.genai import decode_ms_per_token, split_unstreamed_calls, token_count
 from latprof.semconv import ESTIMATED, GEN_AI_OUTPUT_TOKENS, GEN_AI_REQUEST_MODEL, LLM_CALL_ID, TTFT_KNOWN
 
 

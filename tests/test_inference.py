@@ -1,4 +1,4 @@
-"""Inferring pool waits from trace gaps (latprof.inference) on simulated pools with known answers."""
+"""Inferring pool waits from trace gaps (latprof.analysis.inference) on simulated pools with known answers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from timelines import req, seg, timeline
 
-from latprof.analysis import analyze
+from latprof.analysis.requests import analyze
 from latprof.engine import run_rules
-from latprof.inference import (
+from latprof.analysis.inference import (
     INFERRED,
     INFERRED_CEILING,
     INFERRED_CONCURRENCY,
@@ -22,8 +22,8 @@ from latprof.inference import (
 )
 from latprof.layers import DB_POOL, DB_QUERY, PROVIDER, QUEUE, TOOL
 from latprof.pipeline import default_rules
-from latprof.report import build_report
-from latprof.timeline import RequestTimeline
+from latprof.report.model import build_report
+from latprof.analysis.timeline import RequestTimeline
 
 
 def pooled(n: int = 400, pool: int = 3, *, seed: int = 1, burst_every: int = 40) -> list[RequestTimeline]:
@@ -100,7 +100,7 @@ def gateway_to_backend(n: int = 300, workers: int = 1, *, burst_every: int = 30,
     """A gateway's requests, each calling a backend that serves `workers` at a time (FIFO)
     for 100 ms; arrivals 300 ms apart, with a burst of 6 now and then. A worker takes
     `accept_ms` from the end of one request to the start of the next one's span."""
-    from latprof.tracemap import SERVICE_NAME, SPAN_KIND
+    from latprof.collectors.traces.tracemap import SERVICE_NAME, SPAN_KIND
 
     free = [0.0] * workers
     heapq.heapify(free)

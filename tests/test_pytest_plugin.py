@@ -1,4 +1,4 @@
-"""The `latprof` pytest fixture (latprof.pytest_plugin), used by real inner pytest sessions that load it from its entry point."""
+"""The `latprof` pytest fixture (latprof.ci.pytest_plugin), used by real inner pytest sessions that load it from its entry point."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_a_warning_level_check_passes_and_is_listed_in_the_summary_not_as_a_pyth
 
 
 CONFIG_CHOICES = f"""
-from latprof.config import load_config
+from latprof.ci.config import load_config
 
 def test_default(latprof):
     latprof.check({EXAMPLE!r})
@@ -117,7 +117,7 @@ def test_missing_capture(latprof):
         "latprof: missing.jsonl: *",
     ], consecutive=False)  # fmt: skip
     out = result.stdout.str()
-    assert "Traceback" not in out and "ConfigError" not in out and "latprof/config.py" not in out
+    assert "Traceback" not in out and "ConfigError" not in out and "latprof/ci/config.py" not in out
 
 
 APP = """

@@ -8,10 +8,10 @@ import json
 from rich.console import Console
 from timelines import analysed, population
 
-from latprof import renderers
+from latprof.report import renderers
 from latprof.engine import Finding, fingerprint
-from latprof.renderers.text import print_report
-from latprof.report import build_report
+from latprof.report.renderers.text import print_report
+from latprof.report.model import build_report
 
 
 def report_with_pool_tail():
@@ -88,7 +88,7 @@ def test_too_few_requests_is_no_verdict_not_a_healthy_service():
 def test_an_asyncio_attach_report_shows_requests_in_flight_and_the_loop_per_second():
     from dataclasses import replace
 
-    from latprof.report import WindowRow
+    from latprof.report.model import WindowRow
 
     rows = [WindowRow(float(s), None, None, {"workers": 1, "busy_workers": 0, "top_layer": "event_loop", "accept_queue": 0,
                                              "requests_in_flight": flight, "loop_busy_share": busy})

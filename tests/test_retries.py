@@ -5,7 +5,7 @@ from __future__ import annotations
 from timelines import analysed, req, seg
 
 from latprof.layers import PROVIDER, RETRY, TOOL, UNATTRIBUTED
-from latprof.retries import classify_sleeps
+from latprof.analysis.retries import classify_sleeps
 from latprof.semconv import (
     ERROR_TYPE,
     HTTP_STATUS_CODE,

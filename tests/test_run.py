@@ -11,14 +11,14 @@ import textwrap
 from pathlib import Path
 
 from latprof.capture.reader import read_captures
-from latprof.launcher import available_hooks
+from latprof.collectors.hooks.launcher import available_hooks
 
 # A service stand-in that records through the hooks' runtime, as a hook would: 120 requests,
 # every 20th slow at the provider.
 SERVICE = textwrap.dedent(
     """
     import os, subprocess, sys, time
-    from latprof.collectors import runtime
+    from latprof.collectors.hooks import runtime
 
     assert runtime.active(), "hooks were not loaded"
     for i in range(120):
@@ -30,7 +30,7 @@ SERVICE = textwrap.dedent(
         runtime.end_request(token)
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     if mode == "child":
-        code = "from latprof.collectors import runtime; t = runtime.begin_request('GET /child', runtime.now_ns()); runtime.end_request(t)"
+        code = "from latprof.collectors.hooks import runtime; t = runtime.begin_request('GET /child', runtime.now_ns()); runtime.end_request(t)"
         subprocess.run([sys.executable, "-c", code], check=True)
     if mode == "fork":
         pid = os.fork()
@@ -139,7 +139,7 @@ def test_the_services_own_sitecustomize_still_runs(tmp_path):
         "--",
         sys.executable,
         "-c",
-        "import os, sys; from latprof.collectors import runtime; print(os.environ.get('OWN_SITECUSTOMIZE'), runtime.active())",
+        "import os, sys; from latprof.collectors.hooks import runtime; print(os.environ.get('OWN_SITECUSTOMIZE'), runtime.active())",
         env={"PYTHONPATH": str(own)},
     )
     assert result.returncode == 0, result.stderr
@@ -153,7 +153,7 @@ def test_unknown_command_is_one_line(tmp_path):
 
 
 def test_hooks_can_be_chosen_and_unknown_ones_are_refused(tmp_path):
-    probe = "from latprof.collectors import bootstrap; import sys; print(sorted(bootstrap._installed))"
+    probe = "from latprof.collectors.hooks import bootstrap; import sys; print(sorted(bootstrap._installed))"
     result = latprof_run(tmp_path, "--no-report", "--hooks", "openai", "--", sys.executable, "-c", probe)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['openai']"
@@ -165,7 +165,7 @@ def test_hooks_can_be_chosen_and_unknown_ones_are_refused(tmp_path):
 
 
 def test_hooks_can_be_disabled(tmp_path):
-    probe = "from latprof.collectors import bootstrap; import sys; print(sorted(bootstrap._installed))"
+    probe = "from latprof.collectors.hooks import bootstrap; import sys; print(sorted(bootstrap._installed))"
     result = latprof_run(
         tmp_path, "--no-report", "--disable", "openai,sqlalchemy", "--disable", "asgi", "--", sys.executable, "-c", probe
     )

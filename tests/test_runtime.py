@@ -11,7 +11,7 @@ import types
 import pytest
 from recording import recording
 
-from latprof.collectors import runtime
+from latprof.collectors.hooks import runtime
 from latprof.events import QualityRecord, Request, Segment
 
 

@@ -11,15 +11,15 @@ import dataclasses
 import random
 
 import pytest
-from latprof.collectors.runtime import Sampler
+from latprof.collectors.hooks.runtime import Sampler
 from timelines import req, seg, timeline
 
-from latprof.analysis import analyze, sample_weight
+from latprof.analysis.requests import analyze, sample_weight
 from latprof.engine import run_rules
 from latprof.pipeline import default_rules
-from latprof.report import build_report
+from latprof.report.model import build_report
 from latprof.semconv import SAMPLE_WEIGHT, SEGMENT_CONNECTION_HOLD
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 
 def numbers(obj: object) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from latprof.capture.reader import CaptureData
 from latprof.events import Gauge, QualityRecord, Request, Segment
-from latprof.timeline import build_timeline
+from latprof.analysis.timeline import build_timeline
 
 T0 = 1_764_000_000_000_000_000
 

@@ -1,9 +1,9 @@
-"""collectors/_tools.py: a later call that sends a value an earlier call answered depends on it."""
+"""collectors/hooks/_tools.py: a later call that sends a value an earlier call answered depends on it."""
 
 from __future__ import annotations
 
-from latprof.collectors import _tools
-from latprof.collectors.runtime import RequestState
+from latprof.collectors.hooks import _tools
+from latprof.collectors.hooks.runtime import RequestState
 
 
 def state() -> RequestState:

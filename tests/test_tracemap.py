@@ -1,17 +1,17 @@
-"""The layer table for trace spans (latprof.tracemap) on hand-built spans with known answers."""
+"""The layer table for trace spans (latprof.collectors.traces.tracemap) on hand-built spans with known answers."""
 
 from __future__ import annotations
 
 import itertools
 from typing import Any
 
-from latprof.analysis import layer_times_ms
+from latprof.analysis.requests import layer_times_ms
 from latprof.events import Request
 from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, TOOL, UNATTRIBUTED
 from latprof.semconv import LLM_CALL_ID, SPLIT_UNKNOWN, TTFT_KNOWN
-from latprof.spans import KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER, Span, SpanLink
-from latprof.timeline import RequestTimeline
-from latprof.tracemap import ENDS_AT_NEXT_STEP, SQLALCHEMY_SCOPE, classify, map_spans, route_of, url_path
+from latprof.collectors.traces.spans import KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER, Span, SpanLink
+from latprof.analysis.timeline import RequestTimeline
+from latprof.collectors.traces.tracemap import ENDS_AT_NEXT_STEP, SQLALCHEMY_SCOPE, classify, map_spans, route_of, url_path
 
 T0 = 1_790_000_000_000_000_000
 _ids = itertools.count(1)

@@ -6,7 +6,7 @@ import pytest
 from timelines import analysed, population, req, seg
 
 from latprof.engine import Finding, fingerprint
-from latprof.report import build_report, decide_verdict
+from latprof.report.model import build_report, decide_verdict
 
 TYPICAL = [("db.query", 20), ("provider", 400), ("model", 200)]
 
@@ -124,7 +124,7 @@ def test_cpu_backed_uncovered_time_is_app_not_unattributed():
 def test_unattributed_summary_names_the_collector_that_would_see_it(kind, hint):
     from timelines import timeline
 
-    from latprof.analysis import analyze
+    from latprof.analysis.requests import analyze
 
     a = analyze(timeline(population(200, TYPICAL, [*TYPICAL, (None, 3000)]), source_kind=kind), warmup_s=0)
     assert hint in decide_verdict(a, []).summary

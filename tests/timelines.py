@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterable, Sequence
 
-from latprof.analysis import Analysis, analyze
+from latprof.analysis.requests import Analysis, analyze
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
-from latprof.timeline import RequestTimeline, Timeline
+from latprof.analysis.timeline import RequestTimeline, Timeline
 
 ORIGIN_NS = 1_764_000_000 * 1_000_000_000
 _ids = itertools.count(1)

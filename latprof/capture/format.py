@@ -27,7 +27,7 @@ SCHEMA_PREFIX = "latprof.capture/"
 
 #: `source` values a header may carry (report-v1 `source.kind`).
 SOURCE_KINDS = ("run", "attach", "otlp", "jaeger", "zipkin", "receive")
-#: Source kinds read from traces: what stock instrumentation leaves out is inferred (latprof.inference).
+#: Source kinds read from traces: what stock instrumentation leaves out is inferred (latprof.analysis.inference).
 TRACE_SOURCES = frozenset({"otlp", "jaeger", "zipkin", "receive"})
 
 

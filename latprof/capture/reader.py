@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import gzip
-import importlib
 import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterable
+from typing import IO, Any, Callable, Iterable, NamedTuple, Protocol
 
 import orjson
 
@@ -16,7 +15,9 @@ from latprof.capture.format import DECODERS, SCHEMA, SCHEMA_PREFIX, SOURCE_KINDS
 from latprof.errors import InputError, SchemaVersionError
 from latprof.events import NO_ATTRS, Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.layers import SEGMENT_LAYERS
-from latprof.spans import Span
+from latprof.collectors.traces import jaeger_json, otlp_json, otlp_proto, zipkin_json
+from latprof.collectors.traces.spans import Span
+from latprof.collectors.traces.tracemap import map_spans
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CAPTURE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz", ".json", ".json.gz")
@@ -99,12 +100,11 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
         data.inputs.append(str(path))
         trace_format = _trace_format(path)
         if trace_format is not None:
-            kind, module, read_name = trace_format
-            read = getattr(_collector(module), read_name)(path)
+            read = trace_format.read(path)
             spans.extend(read.spans)
             data.warnings.extend(read.warnings)
-            if (kind, module) not in formats:
-                formats.append((kind, module))
+            if (trace_format.kind, trace_format.reader) not in formats:
+                formats.append((trace_format.kind, trace_format.reader))
         else:
             _read_file(path, data)
     if spans:
@@ -117,15 +117,34 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
 
 
 #: Trace formats: (report-v1 source kind, reader module in latprof.collectors, its read function), tried in order.
+class TraceRead(Protocol):
+    """What a trace reader returns for one file: its spans and one line per thing it skipped."""
+
+    @property
+    def spans(self) -> list[Span]: ...
+
+    @property
+    def warnings(self) -> list[str]: ...
+
+
+class TraceFormat(NamedTuple):
+    """A trace file format: the report's source kind, the reader's name, and its sniff and read functions."""
+
+    kind: str
+    reader: str
+    sniff: Callable[[bytes], bool]
+    read: Callable[[Path], TraceRead]
+
+
 TRACE_FORMATS = (
-    ("otlp", "otlp_json", "read_otlp_json"),
-    ("otlp", "otlp_proto", "read_otlp_proto"),
-    ("jaeger", "jaeger_json", "read_jaeger_json"),
-    ("zipkin", "zipkin_json", "read_zipkin_json"),
+    TraceFormat("otlp", "otlp_json", otlp_json.sniff, otlp_json.read_otlp_json),
+    TraceFormat("otlp", "otlp_proto", otlp_proto.sniff, otlp_proto.read_otlp_proto),
+    TraceFormat("jaeger", "jaeger_json", jaeger_json.sniff, jaeger_json.read_jaeger_json),
+    TraceFormat("zipkin", "zipkin_json", zipkin_json.sniff, zipkin_json.read_zipkin_json),
 )
 
 
-def _trace_format(path: Path) -> tuple[str, str, str] | None:
+def _trace_format(path: Path) -> TraceFormat | None:
     """The trace format the file's content (not its name) is in, or None (a capture, or not ours)."""
     try:
         with _open(path) as stream:
@@ -135,14 +154,9 @@ def _trace_format(path: Path) -> tuple[str, str, str] | None:
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     for trace_format in TRACE_FORMATS:
-        if _collector(trace_format[1]).sniff(head):
+        if trace_format.sniff(head):
             return trace_format
     return None
-
-
-def _collector(module: str) -> Any:
-    # `latprof.collectors` is installed from collectors/ (a package-dir mapping mypy does not follow)
-    return importlib.import_module(f"latprof.collectors.{module}")
 
 
 def _add_traces(spans: list[Span], formats: list[tuple[str, str]], data: CaptureData) -> None:
@@ -151,8 +165,6 @@ def _add_traces(spans: list[Span], formats: list[tuple[str, str]], data: Capture
     `formats` are the (source kind, reader module) of the files, in the order first read: the
     first kind is the capture's source, the readers are its collectors ("otlp-json", "otlp-proto").
     """
-    from latprof.tracemap import map_spans
-
     events = map_spans(spans)
     # the `pid` of trace events numbers the emitting instances: which service each one is
     data.headers.append({"source": formats[0][0], "collectors": [module.replace("_", "-") for _, module in formats],

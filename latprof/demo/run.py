@@ -18,13 +18,13 @@ from typing import TextIO
 
 import httpx
 
-from latprof.analysis import DEFAULT_WARMUP_S
+from latprof.analysis.requests import DEFAULT_WARMUP_S
 from latprof.demo.load import LoadStats, drive
 from latprof.demo.provider import Provider, ProviderConfig
 from latprof.demo.scenarios import DEFAULT_SCENARIO, Scenario, get_scenario
 from latprof.errors import CollectorError, ConfigError
 from latprof.pipeline import Diagnosis, run_diagnosis
-from latprof.report import Report
+from latprof.report.model import Report
 
 ENV_SECONDS = "LATPROF_DEMO_SECONDS"
 DEFAULT_DURATION_S = 20.0
@@ -248,7 +248,7 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
 
 
 if __name__ == "__main__":  # python -m latprof.demo.run [SCENARIO]
-    from latprof import renderers
+    from latprof.report import renderers
 
     result = run_demo(*(sys.argv[1:2] or [DEFAULT_SCENARIO]))
     renderers.get("text")(result.report, sys.stdout)

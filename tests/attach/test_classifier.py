@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from latprof.layers import APP, DB_POOL, DB_QUERY, HTTP_POOL, LOCK, PROVIDER, TOOL
-from latprof.stacks import BUSY, IDLE, Frame, Signature, classify, frames_from_pyspy
+from latprof.collectors.attach.stacks import BUSY, IDLE, Frame, Signature, classify, frames_from_pyspy
 
 
 def stack(*frames: str) -> list[Frame]:

@@ -16,7 +16,7 @@ import pytest
 
 from attach.procs import free_port
 from hooks.apps import services  # tests/hooks/apps: the local services the tests use
-from latprof.collectors.pg_activity import APPLICATION_NAME, Backend, PgActivity, PgActivityError
+from latprof.collectors.attach.pg_activity import APPLICATION_NAME, Backend, PgActivity, PgActivityError
 
 
 def local_port(conn) -> int:
@@ -247,5 +247,5 @@ def test_without_psycopg_the_error_says_how_to_install_it(monkeypatch):
 
 
 def test_importing_the_collector_does_not_import_psycopg():
-    code = "import sys; import latprof.collectors.pg_activity; assert 'psycopg' not in sys.modules"
+    code = "import sys; import latprof.collectors.attach.pg_activity; assert 'psycopg' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

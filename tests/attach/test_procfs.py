@@ -9,7 +9,7 @@ import pytest
 
 from attach.procs import end, free_port, gunicorn, park, start_server
 from hooks.apps import services  # tests/hooks/apps: the local services the tests use
-from latprof.collectors import procfs
+from latprof.collectors.attach import procfs
 
 pytestmark = pytest.mark.slow  # real servers in subprocesses
 

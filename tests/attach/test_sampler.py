@@ -9,9 +9,9 @@ import pytest
 
 from attach.procs import end, free_port, gunicorn, park, start_server
 from hooks.apps import services  # tests/hooks/apps: the local services the tests use
-from latprof.collectors import pyspy
+from latprof.collectors.attach import pyspy
 from latprof.layers import APP, DB_POOL, LOCK
-from latprof.stacks import Frame, classify_count
+from latprof.collectors.attach.stacks import Frame, classify_count
 
 pytestmark = pytest.mark.slow  # real processes, sampled from outside
 
@@ -71,7 +71,7 @@ def test_a_gunicorn_master_and_its_workers_are_sampled_apart():
     import time
     import urllib.request
 
-    from latprof.stacks import BUSY, IDLE, classify
+    from latprof.collectors.attach.stacks import BUSY, IDLE, classify
 
     port = free_port()
     master = start_server(gunicorn(port, "-w", "2"), port)

@@ -3,7 +3,7 @@
 `scenarios.py NAME` parks a thread of its own process in a state (a pool checkout waiting for
 the only connection, a statement in flight, an HTTP read, a retry sleep, a contended lock, ...)
 and says which thread; the test samples the process from outside exactly as `latprof attach`
-does (`py-spy dump`, the thread's wait channel) and checks what `latprof.stacks.classify` makes
+does (`py-spy dump`, the thread's wait channel) and checks what `latprof.collectors.attach.stacks.classify` makes
 of it. All scenarios start at once (each takes up to a few seconds to get into its state).
 """
 
@@ -17,9 +17,9 @@ import pytest
 
 from attach.procs import SCENARIOS, end, ready, start_scenario
 from hooks.apps import services  # tests/hooks/apps: the local services the tests use
-from latprof.collectors import pyspy
+from latprof.collectors.attach import pyspy
 from latprof.layers import APP, DB_POOL, DB_QUERY, HTTP_POOL, LOCK, PROVIDER, RETRY, TOOL
-from latprof.stacks import BUSY, IDLE, classify
+from latprof.collectors.attach.stacks import BUSY, IDLE, classify
 
 pytestmark = pytest.mark.slow  # real processes, sampled from outside
 

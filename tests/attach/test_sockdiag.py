@@ -14,8 +14,8 @@ from typing import Iterator
 
 import pytest
 
-from latprof.collectors import procfs, sockdiag
-from latprof.collectors.sockdiag import InboundCount, OutboundCount, TcpSocket
+from latprof.collectors.attach import procfs, sockdiag
+from latprof.collectors.attach.sockdiag import InboundCount, OutboundCount, TcpSocket
 
 LOCAL = "127.0.0.1"
 #: Longer than a kernel tick (1-10 ms), so that two events this far apart are told apart.
@@ -375,21 +375,21 @@ def without_capabilities(code: str) -> str:
 
 def test_a_namespace_we_may_not_read_is_a_sock_diag_error():
     # This process has capabilities the other lacks: it may not look into this one's namespace.
-    last = without_capabilities(f"from latprof.collectors import sockdiag; sockdiag.tcp_sockets({os.getpid()})")
+    last = without_capabilities(f"from latprof.collectors.attach import sockdiag; sockdiag.tcp_sockets({os.getpid()})")
     assert last == (
-        f"latprof.collectors.sockdiag.SockDiagError: cannot read the network namespace of PID {os.getpid()}"
+        f"latprof.collectors.attach.sockdiag.SockDiagError: cannot read the network namespace of PID {os.getpid()}"
         f" (/proc/{os.getpid()}/ns/net: Permission denied): run latprof as its user or as root"
     )
     # its own namespace it reads without any (sock_diag asks for no privilege)
-    assert without_capabilities("from latprof.collectors import sockdiag; print(type(sockdiag.tcp_sockets()).__name__)") == "list"
+    assert without_capabilities("from latprof.collectors.attach import sockdiag; print(type(sockdiag.tcp_sockets()).__name__)") == "list"
 
 
 @pytest.mark.slow
 def test_a_namespace_we_may_not_enter_is_a_sock_diag_error():
     # Both without capabilities: we may open the target's namespace file (same user), not enter it.
     with network_namespace() as namespace, listening_in(namespace, *NO_CAPABILITIES) as (pid, _, _):
-        last = without_capabilities(f"from latprof.collectors import sockdiag; sockdiag.tcp_sockets({pid})")
+        last = without_capabilities(f"from latprof.collectors.attach import sockdiag; sockdiag.tcp_sockets({pid})")
     assert last == (
-        f"latprof.collectors.sockdiag.SockDiagError: cannot enter the network namespace of PID {pid}:"
+        f"latprof.collectors.attach.sockdiag.SockDiagError: cannot enter the network namespace of PID {pid}:"
         " Operation not permitted (needs CAP_SYS_ADMIN: run latprof as root)"
     )

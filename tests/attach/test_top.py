@@ -17,10 +17,10 @@ import time
 import pytest
 
 from attach.procs import ROOT, end, park
-from latprof.collectors import pyspy
+from latprof.collectors.attach import pyspy
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, LOCK, UNATTRIBUTED
-from latprof.stacks import Frame
-from latprof.top import STALE_NS, LayerRow, ProcessRow, TopCounts, TopSnapshot, render
+from latprof.collectors.attach.stacks import Frame
+from latprof.attach.top import STALE_NS, LayerRow, ProcessRow, TopCounts, TopSnapshot, render
 
 S = 1_000_000_000
 

@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 from click.testing import CliRunner, Result
 
-from latprof.analysis import DEFAULT_WARMUP_S, percentile
+from latprof.analysis.requests import DEFAULT_WARMUP_S, percentile
 from latprof.cli import main
-from latprof.config import find_config
+from latprof.ci.config import find_config
 from latprof.engine import DOC_SECTIONS, discover_rules
 
 SARIF_SCHEMA = json.loads((Path(__file__).parents[1] / "schemas" / "sarif-schema-2.1.0.json").read_text(encoding="utf-8"))

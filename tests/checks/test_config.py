@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from latprof.config import Config, CustomCheck, Limit, RouteBudget, RuleSettings, find_config, load_config
+from latprof.ci.config import Config, CustomCheck, Limit, RouteBudget, RuleSettings, find_config, load_config
 from latprof.errors import ConfigError
 
 # Every part of the shape, in latprof.toml spelling; `as_pyproject` gives the pyproject.toml one.

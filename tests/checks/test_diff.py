@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from timelines import analysed, population
 
-from latprof.analysis import Analysis
+from latprof.analysis.requests import Analysis
 from latprof.cli import main
-from latprof.diff import (
+from latprof.ci.diff import (
     SCHEMA,
     TAIL_EXCESS,
     TAIL_MEAN,
@@ -33,7 +33,7 @@ from latprof.diff import (
 )
 from latprof.engine import Finding
 from latprof.errors import InputError
-from latprof.report import Report, build_report
+from latprof.report.model import Report, build_report
 
 TYPICAL = [("provider", 100.0), ("model", 50.0)]
 

@@ -12,8 +12,8 @@ import pytest
 from recording import recording
 
 from apps import services
-from latprof.collectors import agent_tools, runtime
-from latprof.collectors import redis as redis_hook
+from latprof.collectors.hooks import agent_tools, runtime
+from latprof.collectors.hooks import redis as redis_hook
 from latprof.events import QualityRecord, Request, Segment
 from latprof.layers import DB_QUERY, TOOL
 from latprof.semconv import (

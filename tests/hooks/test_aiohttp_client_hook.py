@@ -10,8 +10,8 @@ from recording import recording
 
 from apps.httpx_services import ToolService
 
-from latprof.collectors import aiohttp_client as hook
-from latprof.collectors import runtime
+from latprof.collectors.hooks import aiohttp_client as hook
+from latprof.collectors.hooks import runtime
 from latprof.demo.provider import Provider
 from latprof.events import Segment
 from latprof.layers import HTTP_POOL, MODEL, PROVIDER, TOOL

@@ -22,7 +22,7 @@ from recording import recording
 
 from apps import services
 
-from latprof.collectors import runtime
+from latprof.collectors.hooks import runtime
 from latprof.events import Gauge, QualityRecord, Request, Segment
 from latprof.layers import DB_POOL, DB_QUERY
 from latprof.semconv import (
@@ -65,7 +65,7 @@ except ImportError:
         raise
     pytest.skip("asyncpg is not installed", allow_module_level=True)
 
-from latprof.collectors import asyncpg as hook  # noqa: E402
+from latprof.collectors.hooks import asyncpg as hook  # noqa: E402
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_statements_are_summarised_by_the_sqlalchemy_hooks_function_which_needs_
                     raise ImportError("no sqlalchemy here")
 
         sys.meta_path.insert(0, NoSqlalchemy())
-        from latprof.collectors import asyncpg as hook
+        from latprof.collectors.hooks import asyncpg as hook
         assert hook.install()
         print(hook.summarize("SELECT m.id FROM messages m WHERE m.body = $1")[0])
         print(hook.summarize("COPY \\"public\\".\\"notes\\"")[0])
@@ -437,7 +437,7 @@ def sqlalchemy_hook():
     except ImportError as exc:
         missing(f"sqlalchemy is not installed: {exc}")
     import_or_missing("greenlet")
-    from latprof.collectors import sqlalchemy as sqlalchemy_hook
+    from latprof.collectors.hooks import sqlalchemy as sqlalchemy_hook
 
     return sqlalchemy_hook
 
@@ -566,7 +566,7 @@ def test_uninstall_restores_asyncpg(recorded, pg_dsn):
 
 def test_a_service_that_never_imports_asyncpg_does_not_load_it():
     code = (
-        "import sys; from latprof.collectors import asyncpg as hook; assert hook.install();"
+        "import sys; from latprof.collectors.hooks import asyncpg as hook; assert hook.install();"
         " assert 'asyncpg' not in sys.modules, 'imported'; import json; print('ok')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -579,7 +579,7 @@ OTEL_SERVICE = textwrap.dedent(
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from latprof.collectors import asyncpg as hook
+    from latprof.collectors.hooks import asyncpg as hook
 
     reader = InMemoryMetricReader()
     hook.install()  # before the service configures its SDK, as under `latprof run`

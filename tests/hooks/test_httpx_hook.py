@@ -19,9 +19,9 @@ from recording import ListWriter, recording
 
 import httpx
 
-from latprof.collectors import httpx as hook
-from latprof.collectors import openai as openai_hook
-from latprof.collectors import runtime
+from latprof.collectors.hooks import httpx as hook
+from latprof.collectors.hooks import openai as openai_hook
+from latprof.collectors.hooks import runtime
 from latprof.demo.provider import Provider
 from latprof.events import Gauge, QualityRecord, Request, Segment
 from latprof.layers import HTTP_POOL, MODEL, PROVIDER, TOOL
@@ -512,7 +512,7 @@ def test_a_failing_hook_is_counted_and_the_call_still_succeeds(tools, provider):
 @pytest.mark.slow
 def test_a_service_that_never_imports_httpx_does_not_load_it():
     code = (
-        "import sys; from latprof.collectors import httpx as hook; assert hook.install();"
+        "import sys; from latprof.collectors.hooks import httpx as hook; assert hook.install();"
         " assert not {'httpx', 'httpcore', 'httpx2', 'httpcore2'} & set(sys.modules), 'imported'; import json; print('ok')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -592,7 +592,7 @@ def test_latprof_run_on_a_service_with_a_shared_client_pool_too_small_is_an_http
 def test_answers_are_tokenised_only_when_a_later_call_sends_a_value_and_depends_on_is_unchanged(recorded):
     """An answer is kept (its first MAX_SCAN_BYTES, at most MAX_CALLS of them) until a later call
     sends something id-like; `latprof.tool.depends_on` names what `_tools` would have named."""
-    from latprof.collectors import _tools
+    from latprof.collectors.hooks import _tools
     from latprof.semconv import TOOL_DEPENDS_ON
 
     def answer(request: httpx.Request) -> httpx.Response:

@@ -16,12 +16,12 @@ from recording import recording
 
 from apps.harness import ROOT, GunicornServer, get
 
-from latprof.analysis import analyze
-from latprof.collectors import locks, runtime
+from latprof.analysis.requests import analyze
+from latprof.collectors.hooks import locks, runtime
 from latprof.events import Request, Segment
 from latprof.layers import DB_POOL, LOCK
 from latprof.semconv import LOCK_KIND, LOCK_SITE
-from latprof.timeline import RequestTimeline, Timeline
+from latprof.analysis.timeline import RequestTimeline, Timeline
 
 HOLD_S = 0.3
 

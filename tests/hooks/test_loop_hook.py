@@ -17,9 +17,9 @@ import uvloop
 
 from apps.harness import serve_session, CONFIGS, ROOT, Capture, Pending, Server
 
-from latprof.collectors import asyncio_loop
-from latprof.collectors.asgi import BLOCKED_BY_OTHERS, HELD_THE_LOOP
-from latprof.collectors.asyncio_loop import BLOCK_THRESHOLD_NS
+from latprof.collectors.hooks import asyncio_loop
+from latprof.collectors.hooks.asgi import BLOCKED_BY_OTHERS, HELD_THE_LOOP
+from latprof.collectors.hooks.asyncio_loop import BLOCK_THRESHOLD_NS
 from latprof.events import Gauge
 from latprof.layers import EVENT_LOOP
 from latprof.semconv import GAUGE_LOOP_LAG_MS

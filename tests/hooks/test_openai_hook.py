@@ -17,8 +17,8 @@ from recording import recording
 openai = pytest.importorskip("openai")
 
 from latprof.capture.reader import read_captures
-from latprof.collectors import openai as hook
-from latprof.collectors import runtime
+from latprof.collectors.hooks import openai as hook
+from latprof.collectors.hooks import runtime
 from latprof.demo.provider import Provider
 from latprof.events import QualityRecord, Request, Segment
 
@@ -355,7 +355,7 @@ SERVICE = textwrap.dedent(
     """
     import sys
     import openai
-    from latprof.collectors import runtime
+    from latprof.collectors.hooks import runtime
 
     client = openai.OpenAI(base_url=sys.argv[1], api_key="unused")
     for i in range(3):

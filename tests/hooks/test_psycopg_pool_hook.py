@@ -27,7 +27,7 @@ from recording import recording
 from apps import services
 
 from latprof.capture.reader import read_captures
-from latprof.collectors import runtime
+from latprof.collectors.hooks import runtime
 from latprof.events import Gauge, QualityRecord, Request, Segment
 from latprof.layers import DB_POOL, DB_QUERY
 from latprof.semconv import (
@@ -65,7 +65,7 @@ except ImportError:
         raise
     pytest.skip("psycopg or psycopg_pool is not installed", allow_module_level=True)
 
-from latprof.collectors import psycopg_pool as hook
+from latprof.collectors.hooks import psycopg_pool as hook
 
 
 @pytest.fixture
@@ -444,7 +444,7 @@ def test_sqlalchemy_on_psycopg_without_a_psycopg_pool_records_nothing_here(recor
 
 def test_sqlalchemy_on_a_psycopg_pool_counts_each_statement_and_hold_once(recorded, conninfo):
     sqlalchemy = pytest.importorskip("sqlalchemy")
-    from latprof.collectors import sqlalchemy as sqlalchemy_hook
+    from latprof.collectors.hooks import sqlalchemy as sqlalchemy_hook
 
     assert sqlalchemy_hook.install() is True
     try:
@@ -533,7 +533,7 @@ def test_uninstall_restores_psycopg_pool_and_psycopg(recorded):
 
 def test_a_service_that_never_imports_psycopg_pool_does_not_load_it():
     code = (
-        "import sys; from latprof.collectors import psycopg_pool as hook; assert hook.install();"
+        "import sys; from latprof.collectors.hooks import psycopg_pool as hook; assert hook.install();"
         " assert 'psycopg_pool' not in sys.modules and 'psycopg' not in sys.modules, 'imported'; print('ok')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -547,7 +547,7 @@ OTEL_SERVICE = textwrap.dedent(
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from latprof.capture.writer import CaptureWriter
-    from latprof.collectors import psycopg_pool as hook, runtime
+    from latprof.collectors.hooks import psycopg_pool as hook, runtime
 
     reader = InMemoryMetricReader()
     runtime.start(CaptureWriter(sys.argv[2], source="run"))  # as under `latprof run`
@@ -586,7 +586,7 @@ SERVICE = textwrap.dedent(
     """
     import sys, threading
     from psycopg_pool import ConnectionPool
-    from latprof.collectors import runtime
+    from latprof.collectors.hooks import runtime
 
     assert runtime.active(), "hooks were not loaded"
     pool = ConnectionPool(sys.argv[1], min_size=1, max_size=1, name="service-pool", open=True)

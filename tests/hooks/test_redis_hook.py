@@ -26,7 +26,7 @@ from recording import recording
 from apps import services
 
 from latprof.capture.reader import read_captures
-from latprof.collectors import runtime
+from latprof.collectors.hooks import runtime
 from latprof.events import Gauge, QualityRecord, Request, Segment
 from latprof.layers import DB_POOL, DB_QUERY, LOCK
 from latprof.semconv import (
@@ -62,7 +62,7 @@ except ImportError:
         raise
     pytest.skip("redis-py is not installed", allow_module_level=True)
 
-from latprof.collectors import redis as hook
+from latprof.collectors.hooks import redis as hook
 
 
 @pytest.fixture
@@ -496,7 +496,7 @@ def test_uninstall_restores_redis(recorded):
 
 def test_a_service_that_never_imports_redis_does_not_load_it():
     code = (
-        "import sys; from latprof.collectors import redis as hook; assert hook.install();"
+        "import sys; from latprof.collectors.hooks import redis as hook; assert hook.install();"
         " assert 'redis' not in sys.modules, 'imported'; import json; print('ok')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -509,7 +509,7 @@ OTEL_SERVICE = textwrap.dedent(
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from latprof.collectors import redis as hook
+    from latprof.collectors.hooks import redis as hook
 
     reader = InMemoryMetricReader()
     hook.install()  # before the service configures its SDK, as under `latprof run`

@@ -16,7 +16,7 @@ from recording import recording
 
 from apps.harness import ROOT, Server, get
 
-from latprof.collectors import runtime, sleeps
+from latprof.collectors.hooks import runtime, sleeps
 from latprof.events import Segment
 from latprof.layers import RETRY
 from latprof.semconv import RETRY_LIBRARY, SLEEP_SEGMENT

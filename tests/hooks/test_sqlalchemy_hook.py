@@ -21,7 +21,7 @@ from recording import recording
 from apps import services
 
 from latprof.capture.reader import read_captures
-from latprof.collectors import runtime
+from latprof.collectors.hooks import runtime
 from latprof.events import Gauge, QualityRecord, Request, Segment
 from latprof.layers import DB_POOL, DB_QUERY
 from latprof.semconv import (
@@ -63,7 +63,7 @@ except ImportError:
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from latprof.collectors import sqlalchemy as hook
+from latprof.collectors.hooks import sqlalchemy as hook
 
 
 @pytest.fixture
@@ -486,7 +486,7 @@ def test_uninstall_restores_sqlalchemy(recorded):
 
 def test_a_service_that_never_imports_sqlalchemy_does_not_load_it():
     code = (
-        "import sys; from latprof.collectors import sqlalchemy as hook; assert hook.install();"
+        "import sys; from latprof.collectors.hooks import sqlalchemy as hook; assert hook.install();"
         " assert 'sqlalchemy' not in sys.modules, 'imported'; import json; print('ok')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -496,8 +496,8 @@ def test_a_service_that_never_imports_sqlalchemy_does_not_load_it():
 ENGINE_EVENTS_SERVICE = textwrap.dedent(
     """
     import sys
-    from latprof.collectors import runtime
-    from latprof.collectors import sqlalchemy as hook
+    from latprof.collectors.hooks import runtime
+    from latprof.collectors.hooks import sqlalchemy as hook
 
     class Writer:
         events = []
@@ -537,7 +537,7 @@ OTEL_SERVICE = textwrap.dedent(
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from latprof.collectors import sqlalchemy as hook
+    from latprof.collectors.hooks import sqlalchemy as hook
 
     reader = InMemoryMetricReader()
     hook.install()  # before the service configures its SDK, as under `latprof run`
@@ -578,7 +578,7 @@ SERVICE = textwrap.dedent(
     """
     import sys, threading
     from sqlalchemy import create_engine, text
-    from latprof.collectors import runtime
+    from latprof.collectors.hooks import runtime
 
     assert runtime.active(), "hooks were not loaded"
     engine = create_engine(sys.argv[1], pool_size=1, max_overflow=0)

@@ -13,8 +13,8 @@ import pytest
 from recording import recording
 
 from apps import services
-from latprof.collectors import psycopg_pool as pool_hook
-from latprof.collectors import runtime, threads
+from latprof.collectors.hooks import psycopg_pool as pool_hook
+from latprof.collectors.hooks import runtime, threads
 from latprof.events import QualityRecord, Request, Segment
 from latprof.layers import DB_POOL, QUEUE, TOOL
 from latprof.semconv import LAST_ERROR, QUEUE_SOURCE, THREAD_POOL_MAX_WORKERS, THREAD_POOL_NAME

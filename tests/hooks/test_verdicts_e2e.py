@@ -15,7 +15,7 @@ import pytest
 from apps.harness import CONFIGS
 from apps.services import require_pg
 
-from latprof.collectors.asgi import HELD_THE_LOOP
+from latprof.collectors.hooks.asgi import HELD_THE_LOOP
 from latprof.demo.run import DemoResult, run_demo
 from latprof.layers import EVENT_LOOP, MODEL, PROVIDER
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from apps.services import PG_DSN, require_pg
 from apps.harness import ROOT, Capture, GunicornServer, Pending, get
-from latprof.collectors.wsgi import BACKLOG_WAIT, BEHIND_THE_PROXY, THREADPOOL_WAIT
+from latprof.collectors.hooks.wsgi import BACKLOG_WAIT, BEHIND_THE_PROXY, THREADPOOL_WAIT
 
 from latprof.layers import QUEUE
 from latprof.semconv import NOTE_HOOKS_LOADED, QUEUE_SOURCE

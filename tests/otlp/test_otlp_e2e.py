@@ -19,7 +19,7 @@ from typing import Any, Callable
 import openai
 import pytest
 
-from latprof.collectors.otlp_json import read_otlp_json
+from latprof.collectors.traces.otlp_json import read_otlp_json
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "otlp"

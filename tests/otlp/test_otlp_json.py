@@ -18,11 +18,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from latprof.collectors import otlp_json
-from latprof.collectors.otlp_json import OtlpRead, read_otlp_json, sniff
+from latprof.collectors.traces import otlp_json
+from latprof.collectors.traces.otlp_json import OtlpRead, read_otlp_json, sniff
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
-from latprof.spans import (
+from latprof.collectors.traces.spans import (
     KIND_CLIENT,
     KIND_INTERNAL,
     KIND_SERVER,

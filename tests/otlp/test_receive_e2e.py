@@ -30,8 +30,8 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from attach.procs import free_port
-from latprof.collectors.otlp_json import read_otlp_json
-from latprof.receive import is_loopback, parse_listen
+from latprof.collectors.traces.otlp_json import read_otlp_json
+from latprof.collectors.traces.receive import is_loopback, parse_listen
 from otlp.harness import record_otlp
 from otlp.receiver import file_exporter_json
 

@@ -17,7 +17,7 @@ from latprof.semconv import (
     GAUGE_POOL_WAITERS,
     SEGMENT_CONNECTION_HOLD,
 )
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 N = 200  # requests, 100 ms apart; every 20th (i = 19, 39, ..., 199) is slow: k = 0..9
 

@@ -10,7 +10,7 @@ from latprof.events import Frame, Gauge, StackSample
 from latprof.layers import EVENT_LOOP, PROVIDER
 from latprof.rules.event_loop_blocked import EventLoopBlocked, Thresholds
 from latprof.semconv import GAUGE_LOOP_LAG_MS
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 N = 200  # requests, 100 ms apart; every 20th (i = 19, 39, ..., 199) is slow: k = 0..9
 

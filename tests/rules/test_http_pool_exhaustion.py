@@ -19,7 +19,7 @@ from latprof.rules.http_pool_exhaustion import (
     Thresholds,
 )
 from latprof.semconv import SERVER_ADDRESS
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 N = 200  # requests, 100 ms apart; every 20th (i = 19, 39, ..., 199) is slow: k = 0..9
 

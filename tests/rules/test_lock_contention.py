@@ -7,7 +7,7 @@ from timelines import analysed, assert_min_tail_excess_is_the_boundary, req, seg
 from latprof.layers import LOCK, PROVIDER
 from latprof.rules.lock_contention import LockContention, Thresholds
 from latprof.semconv import LOCK_KIND, LOCK_SITE
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 N = 200  # requests, 100 ms apart; every 20th (i = 19, 39, ..., 199) is slow
 

@@ -18,7 +18,7 @@ from latprof.semconv import (
     LLM_CALL_ID,
     TTFT_KNOWN,
 )
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 MINI = "gpt-4o-mini"
 

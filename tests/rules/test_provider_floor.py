@@ -21,7 +21,7 @@ from latprof.semconv import (
     SPLIT_UNKNOWN,
     TTFT_KNOWN,
 )
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 MINI = "gpt-4o-mini"
 

@@ -9,7 +9,7 @@ from timelines import assert_min_tail_excess_is_the_boundary, analysed, gauge, r
 from latprof.layers import PROVIDER, QUEUE
 from latprof.rules.request_queueing import RequestQueueing, Thresholds
 from latprof.semconv import GAUGE_ACCEPT_QUEUE, QUEUE_SOURCE
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 N = 200  # requests, 100 ms apart; every 20th (i = 19, 39, ..., 199) is slow: k = 0..9
 

@@ -7,7 +7,7 @@ from timelines import analysed, assert_min_tail_excess_is_the_boundary, req, seg
 from latprof.layers import PROVIDER
 from latprof.rules.retry_backoff import RetryBackoff, Thresholds
 from latprof.semconv import HTTP_STATUS_CODE, RETRY_LIBRARY, SERVER_ADDRESS, SLEEP_SEGMENT
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 N = 200  # every 20th request (i = 19, 39, ...) is rate limited once, or twice for i = 199
 

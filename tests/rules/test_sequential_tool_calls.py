@@ -10,7 +10,7 @@ from latprof.events import Segment
 from latprof.layers import PROVIDER, TOOL
 from latprof.rules.sequential_tool_calls import SequentialToolCalls, Thresholds
 from latprof.semconv import SERVER_ADDRESS, TOOL_DEPENDS_ON
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 N = 200  # requests, 100 ms apart; every 20th is slow (i = 19, 39, ..., 199)
 TARGETS = ("crm.local", "tickets.local", "billing.local")

@@ -10,7 +10,7 @@ from latprof.events import Segment
 from latprof.layers import DB_QUERY, PROVIDER
 from latprof.rules.slow_query import SlowQuery, Thresholds
 from latprof.semconv import DB_QUERY_SUMMARY, DB_SYSTEM_NAME
-from latprof.timeline import RequestTimeline
+from latprof.analysis.timeline import RequestTimeline
 
 N = 200  # requests, 100 ms apart; every 20th (i = 19, 39, ..., 199) is slow: k = 0..9
 

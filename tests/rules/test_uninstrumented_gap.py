@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from timelines import analysed, assert_min_tail_excess_is_the_boundary, req, seg, timeline
 
-from latprof.analysis import analyze
+from latprof.analysis.requests import analyze
 from latprof.layers import DB_QUERY, PROVIDER, TOOL
 from latprof.rules.uninstrumented_gap import END, START, Thresholds, UninstrumentedGap, gaps
 

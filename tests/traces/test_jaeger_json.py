@@ -20,11 +20,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from latprof.collectors import otlp_json, zipkin_json
-from latprof.collectors.jaeger_json import JaegerRead, read_jaeger_json, sniff
+from latprof.collectors.traces import otlp_json, zipkin_json
+from latprof.collectors.traces.jaeger_json import JaegerRead, read_jaeger_json, sniff
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
-from latprof.spans import (
+from latprof.collectors.traces.spans import (
     KIND_CLIENT,
     KIND_CONSUMER,
     KIND_INTERNAL,

@@ -28,10 +28,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from latprof.collectors import jaeger_json, otlp_json, zipkin_json
-from latprof.collectors.otlp_proto import Counters, OtlpProtoRead, read_otlp_proto, sniff, spans_from_request
+from latprof.collectors.traces import jaeger_json, otlp_json, zipkin_json
+from latprof.collectors.traces.otlp_proto import Counters, OtlpProtoRead, read_otlp_proto, sniff, spans_from_request
 from latprof.errors import InputError
-from latprof.spans import KIND_CLIENT, KIND_SERVER, STATUS_ERROR, Span
+from latprof.collectors.traces.spans import KIND_CLIENT, KIND_SERVER, STATUS_ERROR, Span
 from otlp.receiver import file_exporter_json
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,13 +20,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from latprof.collectors import jaeger_json, otlp_json
-from latprof.collectors.jaeger_json import read_jaeger_json
-from latprof.collectors.zipkin_json import ZipkinRead, read_zipkin_json, sniff
+from latprof.collectors.traces import jaeger_json, otlp_json
+from latprof.collectors.traces.jaeger_json import read_jaeger_json
+from latprof.collectors.traces.zipkin_json import ZipkinRead, read_zipkin_json, sniff
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.layers import DB_POOL, DB_QUERY, PROVIDER
-from latprof.spans import (
+from latprof.collectors.traces.spans import (
     KIND_CLIENT,
     KIND_CONSUMER,
     KIND_INTERNAL,
@@ -41,7 +41,7 @@ from latprof.spans import (
     Span,
     SpanEvent,
 )
-from latprof.tracemap import map_spans
+from latprof.collectors.traces.tracemap import map_spans
 
 ROOT = Path(__file__).resolve().parents[2]
 OTLP_FIXTURES = ROOT.parent / "shared" / "fixtures" / "otlp"

@@ -1,0 +1,382 @@
+"""Out-of-process stack samples of a running Python process, for `latprof attach`: py-spy and /proc.
+
+Not a hook (nothing here runs inside the observed service). `dump(pid)` asks py-spy for one
+snapshot of every thread (`py-spy dump --pid PID --json --nonblocking`: the target is not
+paused) and reads each thread's kernel wait channel (`/proc/PID/task/TID/wchan`) right after,
+so a thread blocked in a C call (a lock, a sleep, a socket read), which leaves no Python frame
+of its own, can be told apart (`latprof.collectors.attach.stacks`). py-spy's `os_thread_id` is the kernel TID
+that /proc and psutil use.
+
+Errors are `SamplerError`s with one line a person can act on (no such process, not Python,
+ptrace not permitted, py-spy missing or failing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from time import time_ns
+from typing import Any
+
+from latprof.collectors.attach.stacks import Frame, frames_from_pyspy
+
+#: How long one `py-spy dump` may take before it is given up.
+DUMP_TIMEOUT_S = 10.0
+
+
+class SamplerError(Exception):
+    """Sampling the target failed; the message is one line for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadSample:
+    """One thread at one moment: its kernel TID, name, frames (innermost first), wait channel."""
+
+    pid: int
+    tid: int
+    name: str
+    frames: list[Frame]
+    active: bool | None
+    wchan: str | None
+
+
+#: Environment variable naming the py-spy executable to use (default: beside this Python, else on PATH).
+ENV_PY_SPY = "LATPROF_PY_SPY"
+
+
+def py_spy() -> str:
+    """The py-spy executable: `$LATPROF_PY_SPY`, else beside this Python (a venv's bin), else on PATH."""
+    chosen = os.environ.get(ENV_PY_SPY)
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise SamplerError(f"{ENV_PY_SPY}={chosen}: no such executable (pip install py-spy, or unset it)")
+        return chosen
+    here = Path(sys.executable).with_name("py-spy")
+    if here.exists():
+        return str(here)
+    found = shutil.which("py-spy")
+    if found is None:
+        raise SamplerError("py-spy is not installed (pip install py-spy)")
+    return found
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not exited (an exited child its parent has not reaped yet is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def wchan(pid: int, tid: int) -> str | None:
+    """The kernel function thread `tid` of `pid` sleeps in ("0" when running); None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def dump(pid: int, *, timeout_s: float = DUMP_TIMEOUT_S) -> list[ThreadSample]:
+    """One snapshot of every thread of `pid`, without pausing it."""
+    if not os.path.exists(f"/proc/{pid}"):
+        raise SamplerError(f"no process with PID {pid}")
+    try:
+        out = subprocess.run(
+            [py_spy(), "dump", "--pid", str(pid), "--json", "--nonblocking"],
+            capture_output=True, text=True, timeout=timeout_s,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise SamplerError(f"py-spy dump of PID {pid} did not answer within {timeout_s:g} s") from None
+    if out.returncode != 0:
+        raise SamplerError(_explain(pid, out.stderr or out.stdout))
+    try:
+        threads: Any = json.loads(out.stdout)
+    except ValueError:
+        raise SamplerError(f"py-spy dump of PID {pid} printed something that is not JSON") from None
+    samples = []
+    for thread in threads if isinstance(threads, list) else ():
+        tid = thread.get("os_thread_id")
+        if not isinstance(tid, int):
+            continue
+        samples.append(
+            ThreadSample(pid, tid, str(thread.get("thread_name") or ""), frames_from_pyspy(thread),
+                         thread.get("active") if isinstance(thread.get("active"), bool) else None, wchan(pid, tid))
+        )  # fmt: skip
+    return samples
+
+
+def _explain(pid: int, stderr: str) -> str:
+    """py-spy's failure as one line that says what to do."""
+    text = " ".join(stderr.split())
+    lower = text.lower()
+    if "permission" in lower or "operation not permitted" in lower or "ptrace" in lower:
+        return (
+            f"not permitted to read PID {pid}: run latprof as the same user or root; check"
+            " kernel.yama.ptrace_scope (0 or 1); in a container add --cap-add SYS_PTRACE"
+        )
+    if "no such process" in lower or not os.path.exists(f"/proc/{pid}"):
+        return f"PID {pid} exited"
+    if "python" in lower and ("not" in lower or "fail" in lower):
+        return f"PID {pid} does not look like a Python process (py-spy: {text[:200]})"
+    return f"py-spy failed on PID {pid}: {text[:300]}"
+
+
+# --- continuous sampling: successive short recordings ------------------------------------------
+#
+# `py-spy record` writes its output only when it ends, and its raw format (`-f raw -t`) carries
+# the kernel thread ids but no timestamps; `py-spy dump` costs a process start per snapshot
+# (about 15 ms here), too slow for 100 Hz. So the sampler runs successive recordings of
+# `WINDOW_S` each, per process (`--subprocesses` would prefix every line with the command line
+# of each process, which may hold newlines): each yields, per thread, how many samples each
+# stack got in that window. A recording takes about 0.2 s to attach before it samples, so the
+# next one is started that much before the previous ends (`lead_s`, learnt from the last one),
+# keeping the windows back to back. Idle threads are kept (`--idle`): without it every wait is
+# dropped. The target is never paused (`--nonblocking`).
+
+#: Length of one recording, in whole seconds (py-spy's `--duration` takes no fraction).
+WINDOW_S = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StackCount:
+    """One thread's samples of one stack in a window."""
+
+    tid: int
+    thread: str
+    frames: tuple[Frame, ...]  # innermost first
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What one recording of one process saw: `counts` over [start_ns, end_ns) at `rate` Hz."""
+
+    pid: int
+    start_ns: int
+    end_ns: int
+    rate: int
+    counts: list[StackCount]
+
+
+def parse_raw(text: str) -> list[StackCount]:
+    """py-spy's `-f raw -t` output: `thread (TID)[: NAME];root frame;...;leaf frame COUNT` per line."""
+    counts = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        head, _, count = line.rpartition(" ")
+        if not head.startswith("thread (") or not count.isdigit():
+            continue
+        thread, _, stack = head.partition(";")
+        close = thread.find(")")
+        try:
+            tid = int(thread[len("thread ("):close])
+        except ValueError:
+            continue
+        name = thread[close + 1 :].lstrip(":").strip()
+        frames = []
+        for text_frame in reversed(stack.split(";")) if stack else ():
+            func, _, where = text_frame.rpartition(" (")
+            if not _:
+                func, where = text_frame, ""
+            frames.append(Frame(func, where.rstrip(")").rsplit(":", 1)[0]))
+        counts.append(StackCount(tid, name, tuple(frames), int(count)))
+    return counts
+
+
+def record_window(pid: int, *, seconds: int = WINDOW_S, rate: int = 100, out_dir: str | None = None) -> Window:
+    """One recording of `pid` for `seconds` (whole, blocking); its per-thread stack counts."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="latprof-spy-", dir=out_dir) as tmp:
+        out = os.path.join(tmp, "raw.txt")
+        started = time_ns()
+        try:
+            proc = subprocess.run(
+                [py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(rate),
+                 "--format", "raw", "--threads", "--idle", "--nonblocking", "--output", out],
+                capture_output=True, text=True, timeout=seconds + DUMP_TIMEOUT_S,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise SamplerError(f"py-spy record of PID {pid} did not end within {seconds + DUMP_TIMEOUT_S:g} s") from None
+        ended = time_ns()
+        if proc.returncode != 0 and not os.path.exists(out):
+            raise SamplerError(_explain(pid, proc.stderr or proc.stdout))
+        try:
+            with open(out) as f:
+                counts = parse_raw(f.read())
+        except OSError:
+            counts = []
+    # the samples were taken over the last `seconds` of the call (attaching came first)
+    return Window(pid, max(started, ended - int(seconds * 1e9)), ended, rate, counts)
+
+
+class WaitChannels:
+    """Reads the wait channel of every thread of the watched processes `hz` times a second (a
+    thread of its own), and tells, per thread, which channels it was seen in over a time range.
+
+    Memory is bounded: per thread, the last `keep_s` seconds of readings."""
+
+    def __init__(self, hz: float = 100.0, keep_s: float = 10.0) -> None:
+        import collections
+        import threading
+
+        self.interval_s = 1.0 / hz
+        self._keep = max(1, int(hz * keep_s))
+        self._pids: set[int] = set()
+        self._readings: dict[tuple[int, int], collections.deque[tuple[int, str]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="latprof-wchan", daemon=True)
+        self._deque = collections.deque
+
+    def watch(self, pid: int) -> None:
+        with self._lock:
+            self._pids.add(pid)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                pids = list(self._pids)
+            now = time_ns()
+            for pid in pids:
+                try:
+                    tids = os.listdir(f"/proc/{pid}/task")
+                except OSError:
+                    continue
+                for tid_text in tids:
+                    tid = int(tid_text)
+                    value = wchan(pid, tid)
+                    if value is None:
+                        continue
+                    key = (pid, tid)
+                    readings = self._readings.get(key)
+                    if readings is None:
+                        readings = self._readings.setdefault(key, self._deque(maxlen=self._keep))
+                    readings.append((now, value))
+
+    def readings(self, pid: int, tid: int, start_ns: int, end_ns: int) -> list[tuple[int, str]]:
+        """Thread `tid` of `pid`'s readings (time, wait channel) in [start_ns, end_ns), oldest first."""
+        return [(ts, value) for ts, value in list(self._readings.get((pid, tid), ())) if start_ns <= ts < end_ns]
+
+    def between(self, pid: int, start_ns: int, end_ns: int) -> dict[int, dict[str, int]]:
+        """{tid: {wait channel: readings}} of `pid`'s threads in [start_ns, end_ns)."""
+        found: dict[int, dict[str, int]] = {}
+        for (p, tid), readings in list(self._readings.items()):
+            if p != pid:
+                continue
+            counts: dict[str, int] = {}
+            for ts, value in list(readings):
+                if start_ns <= ts < end_ns:
+                    counts[value] = counts.get(value, 0) + 1
+            if counts:
+                found[tid] = counts
+        return found
+
+
+class Sampler:
+    """Samples a process and, unless `subprocesses` is off, its Python children (a gunicorn
+    master's workers, found again every window, so restarted workers are picked up), each in a
+    recording loop of its own: one `Window` after another, handed to `on_window` (from the
+    loops' threads: it must be thread-safe), each process's apart from the others'.
+
+    Windows of one process follow each other with the time py-spy needs to attach in between
+    (about 0.2 s of each 1.2 s here); a window's own start and end say what it covers. A
+    process that exits ends its loop (`exited`); an error of the sampler is kept in `errors`
+    (one line each) and ends that process's loop only.
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        on_window: Any,
+        *,
+        rate: int = 100,
+        window_s: int = WINDOW_S,
+        subprocesses: bool = True,
+    ) -> None:
+        import threading
+
+        self.pid = pid
+        self.on_window = on_window
+        self.rate = rate
+        self.window_s = window_s
+        self.subprocesses = subprocesses
+        self.stop_event = threading.Event()
+        self.exited: list[int] = []
+        self.errors: list[str] = []
+        self._loops: dict[int, threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    def processes(self) -> list[int]:
+        """The target and its Python children now."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            found = [root]
+            if self.subprocesses:
+                found += root.children(recursive=True)
+        except psutil.Error:
+            return []
+        pids = []
+        for proc in found:
+            try:
+                if proc.pid == self.pid or "python" in os.path.basename(proc.exe()).lower():
+                    pids.append(proc.pid)
+            except psutil.Error:
+                continue
+        return pids
+
+    def run(self, duration_s: float) -> None:
+        """Sample for `duration_s` (or until `stop_event` is set); returns when every loop ended."""
+        import threading
+
+        if not os.path.exists(f"/proc/{self.pid}"):
+            raise SamplerError(f"no process with PID {self.pid}")
+        deadline = time_ns() + int(duration_s * 1e9)
+        while not self.stop_event.is_set() and time_ns() < deadline:
+            for pid in self.processes():
+                with self._lock:
+                    if pid in self._loops:  # running, or ended (exited, failed): not started again
+                        continue
+                    loop = threading.Thread(target=self._loop, args=(pid, deadline), name=f"latprof-spy-{pid}", daemon=True)
+                    self._loops[pid] = loop
+                    loop.start()
+            if not alive(self.pid):
+                break
+            self.stop_event.wait(min(self.window_s, max(0.0, (deadline - time_ns()) / 1e9)))
+        for loop in list(self._loops.values()):
+            loop.join(self.window_s + DUMP_TIMEOUT_S + 5)
+
+    def _loop(self, pid: int, deadline: int) -> None:
+        while not self.stop_event.is_set():
+            left_s = (deadline - time_ns()) / 1e9
+            if left_s < 0.5:  # a recording is whole seconds: less than half of one left is none
+                return
+            try:
+                window = record_window(pid, seconds=min(self.window_s, max(1, round(left_s))), rate=self.rate)
+            except SamplerError as exc:
+                if not alive(pid):
+                    self.exited.append(pid)
+                else:
+                    self.errors.append(str(exc))
+                return
+            if window.counts:
+                self.on_window(window)
+            if not alive(pid):
+                self.exited.append(pid)
+                return

@@ -1,0 +1,574 @@
+"""What every in-process hook shares: the capture writer, the current request, ids, error counting.
+
+Hooks run inside someone else's service. Everything here is cheap, never raises into the
+caller, and is a no-op until `start()` was called (by `latprof.collectors.hooks.bootstrap` when
+`latprof run` started the process), so importing a hook module has no effect of its own.
+
+A request is opened by an inbound hook (`begin_request`) and closed with `end_request`,
+which emits the request root. While it is open, `current_request()` returns its state in
+every task and thread that inherited the context (anyio and asyncio copy contexts), and
+`segment()` / `record()` emit segments that belong to it, nested under the innermost
+open segment of the calling task.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import contextvars
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import itertools
+import math
+import os
+import random
+import sys
+import threading
+import time
+import types
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from latprof import semconv
+from latprof.events import NO_ATTRS, Event, Gauge, QualityRecord, Request, Segment
+from latprof.semconv import LAST_ERROR, NOTE_ERROR
+
+#: Environment variables `latprof run` sets for the processes it starts.
+ENV_CAPTURE = "LATPROF_CAPTURE"  # path of the capture file every process appends to
+ENV_HOOKS = "LATPROF_HOOKS"  # comma-separated hook names, or "all"
+ENV_MAX_RATE = "LATPROF_MAX_RATE"  # requests recorded per second per process, at most about; 0: all
+
+#: How often a hook's swallowed errors are written as a quality record, at most.
+ERROR_REPORT_INTERVAL_S = 1.0
+
+
+class RequestState:
+    """An open request: what its root will say when `end_request` emits it."""
+
+    __slots__ = ("request_id", "route", "start_ns", "pid", "attrs", "cpu_ns", "status_code", "spans", "scratch")
+
+    def __init__(
+        self,
+        request_id: str,
+        route: str,
+        start_ns: int,
+        pid: int,
+        attrs: dict[str, Any] | None = None,
+        cpu_ns: int | None = None,
+        status_code: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.route = route
+        self.start_ns = start_ns
+        self.pid = pid
+        self.attrs: dict[str, Any] = {} if attrs is None else attrs
+        self.cpu_ns = cpu_ns
+        self.status_code = status_code
+        #: The request's segments so far: (segment_id, parent_id, start_ns, end_ns, thread id),
+        #: the first MAX_SPANS_KEPT of them; see `spans_of`.
+        self.spans: list[tuple[str, str | None, int, int, int]] | None = None
+        #: Per-request data of hooks, by hook name (bounded by each hook); gone with the request.
+        self.scratch: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"RequestState({self.request_id!r}, {self.route!r}, start_ns={self.start_ns})"
+
+
+_request: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar("latprof_request", default=None)
+_parent: contextvars.ContextVar[str | None] = contextvars.ContextVar("latprof_parent", default=None)
+
+_writer: Any = None  # a CaptureWriter once started; Any keeps this module free of its import cost
+_pid = os.getpid()
+_id_prefix = ""
+_ids: Iterator[int] = itertools.count(1)
+_errors: dict[str, int] = {}
+_last_error: dict[str, str] = {}
+_errors_reported_at: dict[str, float] = {}
+# Re-entrant: a finalizer (garbage collection) may count an error while this thread holds it.
+_errors_lock = threading.RLock()
+
+
+def _reset_ids() -> None:
+    global _pid, _id_prefix, _ids
+    _pid = os.getpid()
+    _id_prefix = os.urandom(4).hex()
+    _ids = itertools.count(1)
+
+
+_reset_ids()
+os.register_at_fork(after_in_child=_reset_ids)
+
+
+# --- lifecycle ---------------------------------------------------------------------------------
+
+
+def start(writer: Any) -> None:
+    """Send every event from now on to `writer` (a `CaptureWriter`)."""
+    global _writer
+    _writer = writer
+
+
+def stop() -> None:
+    """Stop recording (tests); events emitted afterwards are ignored."""
+    global _writer
+    report_errors(force=True)
+    _writer = None
+
+
+def active() -> bool:
+    return _writer is not None
+
+
+def emit(event: Event) -> None:
+    """Hand one event to the capture writer; never raises, never blocks."""
+    writer = _writer
+    if writer is not None:
+        writer.emit(event)
+
+
+# --- which requests to record ------------------------------------------------------------------
+
+#: Requests recorded per second and process, at most about, unless `latprof run --max-rate`
+#: says otherwise.
+DEFAULT_MAX_RATE = semconv.DEFAULT_MAX_RATE
+#: The arrival rate that sets the sampling stride is measured over windows this long.
+SAMPLING_WINDOW_NS = 250_000_000
+
+
+class Sampler:
+    """Which inbound requests to record: every one up to `max_rate` a second, above that a random 1 in k.
+
+    Call it once per arriving request: 0 means do not record it, otherwise record it with
+    that weight. The stride k of a window is the arrival rate of the window before divided
+    by `max_rate`, rounded up; each request is recorded with chance 1/k and weight k. The
+    choice never looks at the request (its route, its latency), so the recorded requests,
+    each counted k times, are an unbiased estimate of every request of the process: its
+    count, its percentiles, its slowest 1% (Horvitz-Thompson; the analysis weighs by
+    `latprof.sample_weight`). A burst that would record more than twice a window's budget
+    ends the window at once. `max_rate` 0 records every request.
+
+    Not locked: threads that race on the counters only make the rate estimate a little off.
+    """
+
+    __slots__ = ("max_rate", "stride", "seen", "window_start", "window_end", "limit", "_window_ns", "_clock", "_random")
+
+    def __init__(
+        self,
+        max_rate: float = DEFAULT_MAX_RATE,
+        *,
+        window_ns: int = SAMPLING_WINDOW_NS,
+        clock: Callable[[], int] = time.monotonic_ns,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.max_rate = max_rate
+        self._window_ns = window_ns
+        self._clock = clock
+        self._random = rng
+        self.stride = 1
+        self.seen = 0
+        self.window_start = self.window_end = 0
+        self.limit = 0
+        self._new_window(clock())
+
+    def __call__(self) -> int:
+        if self.max_rate <= 0:
+            return 1
+        now = self._clock()
+        if now >= self.window_end or self.seen >= self.limit:
+            self._roll(now)
+        self.seen += 1
+        stride = self.stride
+        if stride == 1:
+            return 1
+        return stride if self._random() * stride < 1.0 else 0
+
+    def _roll(self, now: int) -> None:
+        """Set the stride from the rate of the window that ends now, and start the next one."""
+        if now - self.window_end >= self._window_ns:  # a whole window without a request since
+            self.stride = 1
+        else:
+            rate = self.seen * 1e9 / max(now - self.window_start, 1_000_000)
+            self.stride = max(1, math.ceil(rate / self.max_rate - 1e-9))
+        self._new_window(now)
+
+    def _new_window(self, now: int) -> None:
+        self.seen = 0
+        self.window_start = now
+        self.window_end = now + self._window_ns
+        budget = self.max_rate * self._window_ns / 1e9  # requests to record per window
+        self.limit = max(16, math.ceil(2 * budget * self.stride))
+
+
+#: The sampler of inbound hooks; `configure_sampling` replaces it.
+sampler = Sampler()
+
+
+def configure_sampling(max_rate: float) -> None:
+    """Record about `max_rate` requests a second in this process at most (0: every request)."""
+    global sampler
+    sampler = Sampler(max_rate)
+
+
+# --- ids and clocks ----------------------------------------------------------------------------
+
+
+def new_id() -> str:
+    """A short id unique across the processes of one capture (random per process, then counted)."""
+    return f"{_id_prefix}{next(_ids):x}"
+
+
+now_ns = time.time_ns  # wall clock, nanoseconds: what every event stores
+
+
+def pid() -> int:
+    return _pid
+
+
+# --- requests and segments ---------------------------------------------------------------------
+
+
+def current_request() -> RequestState | None:
+    return _request.get()
+
+
+def begin_request(route: str, start_ns: int, attrs: Mapping[str, Any] | None = None) -> contextvars.Token[RequestState | None]:
+    """Open a request in the current context; returns the token `end_request` needs."""
+    return open_request(route, start_ns, attrs)[0]
+
+
+def open_request(
+    route: str, start_ns: int, attrs: Mapping[str, Any] | None = None
+) -> tuple[contextvars.Token[RequestState | None], RequestState]:
+    """`begin_request`, also returning the request's state (what `current_request()` now returns)."""
+    state = RequestState(new_id(), route, start_ns, _pid, dict(attrs) if attrs else {})
+    return _request.set(state), state
+
+
+def end_request(token: contextvars.Token[RequestState | None], end_ns: int | None = None) -> None:
+    """Emit the root of the request opened with `token` and close it in this context."""
+    state = _request.get()
+    try:
+        _request.reset(token)
+    except ValueError:  # ended from another context: still emit, and leave the context alone
+        pass
+    if state is None:
+        return
+    emit(
+        Request(
+            state.request_id,
+            state.route,
+            state.start_ns,
+            now_ns() if end_ns is None else end_ns,
+            state.pid,
+            state.cpu_ns,
+            state.status_code,
+            state.attrs or NO_ATTRS,
+        )
+    )
+
+
+#: `record(..., parent_id=ROOT)`: hang the segment off the request root, whatever is open.
+ROOT: Any = object()
+#: How many of its segments a request remembers for `spans_of` (bounded memory per request).
+MAX_SPANS_KEPT = 256
+_get_ident = threading.get_ident
+
+
+def spans_of(state: RequestState) -> list[tuple[str, str | None, int, int, int]]:
+    """The segments recorded for the request so far, as (segment_id, parent_id, start_ns, end_ns, thread id).
+
+    An inbound hook closing a request uses them to nest a wait it found late (the event loop
+    blocked by other work) under the segments that were waiting at the time. Only the first
+    `MAX_SPANS_KEPT` segments are kept.
+    """
+    return list(state.spans or ())
+
+
+def current_parent() -> str | None:
+    """The id of the innermost open segment of this task, or None at the request root."""
+    return _parent.get()
+
+
+@contextlib.contextmanager
+def nested_under(segment_id: str) -> Iterator[None]:
+    """Make segments recorded in the block children of `segment_id` (a segment that ends later)."""
+    token = _parent.set(segment_id)
+    try:
+        yield
+    finally:
+        try:
+            _parent.reset(token)
+        except ValueError:  # left from another context
+            pass
+
+
+def record(
+    name: str,
+    layer: str | None,
+    start_ns: int,
+    end_ns: int,
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    parent_id: str | None = None,
+    segment_id: str | None = None,
+    state: RequestState | None = None,
+    copy_attrs: bool = True,
+) -> str | None:
+    """Emit a finished segment of the current request (or `state`); None outside any request.
+
+    `parent_id` None nests it under this task's innermost open segment; `ROOT` under the root.
+    `copy_attrs=False`: `attrs` is a dict the caller made for this segment and will not touch
+    again, kept as it is (a copy less on a hook's hot path).
+    """
+    state = state or _request.get()
+    if state is None or _writer is None:
+        return None
+    sid = segment_id or new_id()
+    if parent_id is ROOT:
+        parent_id = None
+    elif parent_id is None:
+        parent_id = _parent.get()
+    spans = state.spans
+    if spans is None:
+        state.spans = [(sid, parent_id, start_ns, end_ns, _get_ident())]
+    elif len(spans) < MAX_SPANS_KEPT:
+        spans.append((sid, parent_id, start_ns, end_ns, _get_ident()))
+    emit(
+        Segment(
+            state.request_id,
+            sid,
+            parent_id,
+            name,
+            layer,
+            start_ns,
+            end_ns,
+            state.pid,
+            (dict(attrs) if copy_attrs else attrs) if attrs else NO_ATTRS,
+        )
+    )
+    return sid
+
+
+@contextlib.contextmanager
+def segment(name: str, layer: str | None, attrs: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """Time the block as a segment of the current request; segments opened inside nest under it.
+
+    Yields the attribute dict, which the block may fill in (a status code, token counts).
+    Outside a request, or when recording is off, it only runs the block.
+    """
+    state = _request.get()
+    if state is None or _writer is None:
+        yield attrs if attrs is not None else {}
+        return
+    attrs = attrs if attrs is not None else {}
+    sid = new_id()
+    parent = _parent.get()
+    token = _parent.set(sid)
+    start = now_ns()
+    try:
+        yield attrs
+    finally:
+        end = now_ns()
+        try:
+            _parent.reset(token)
+        except ValueError:
+            pass
+        record(name, layer, start, end, attrs, parent_id=parent, segment_id=sid, state=state)
+
+
+def gauge(name: str, value: float, attrs: Mapping[str, Any] | None = None) -> None:
+    """Emit one reading of a gauge (pool in use, loop lag, ...)."""
+    if _writer is not None:
+        emit(Gauge(name, float(value), now_ns(), _pid, dict(attrs) if attrs else NO_ATTRS))
+
+
+def connection_wait_histogram(hook: str) -> Any:
+    """OpenTelemetry's `db.client.connection.wait_time` histogram (seconds), through opentelemetry-api.
+
+    Every pool hook asks for the same meter, name, unit and description, so an SDK gives them
+    one instrument, told apart by the pool name. None (the error counted for `hook`) when
+    opentelemetry-api is missing or broken: the rest of the hook still works.
+    """
+    try:
+        from opentelemetry import metrics
+
+        return metrics.get_meter("latprof").create_histogram(
+            semconv.METRIC_DB_CONNECTION_WAIT_TIME,
+            unit="s",
+            description="The time it took to obtain an open connection from the pool",
+        )
+    except Exception as exc:
+        count_error(hook, exc)
+        return None
+
+
+# --- the hooks' own errors ---------------------------------------------------------------------
+
+
+def count_error(hook: str, exc: BaseException) -> None:
+    """Count an error a hook swallowed; written as a quality record at most once a second per hook."""
+    try:
+        with _errors_lock:
+            _errors[hook] = _errors.get(hook, 0) + 1
+            _last_error[hook] = f"{type(exc).__name__}: {exc}"[:300]
+        report_errors()
+    except Exception:
+        pass
+
+
+def errors() -> dict[str, int]:
+    """Errors swallowed so far, by hook, not yet written to the capture."""
+    with _errors_lock:
+        return dict(_errors)
+
+
+def report_errors(force: bool = False) -> None:
+    """Write the counted errors of each hook as a quality record (rate-limited unless `force`)."""
+    if _writer is None:
+        return
+    now = time.monotonic()
+    with _errors_lock:
+        due = [
+            hook
+            for hook, count in _errors.items()
+            if count and (force or now - _errors_reported_at.get(hook, 0.0) >= ERROR_REPORT_INTERVAL_S)
+        ]
+        batch = [(hook, _errors.pop(hook), _last_error.get(hook, "")) for hook in due]
+        for hook in due:
+            _errors_reported_at[hook] = now
+    for hook, count, last in batch:
+        emit(
+            QualityRecord(
+                NOTE_ERROR,
+                now_ns(),
+                _pid,
+                f"hook {hook} swallowed {count} error(s)",
+                count,
+                {"collector": hook, LAST_ERROR: last},
+            )
+        )
+
+
+atexit.register(lambda: report_errors(force=True))
+
+
+def guarded(hook: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a hook callback so that its exceptions are counted, never raised into the service."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                count_error(hook, exc)
+                return None
+
+        wrapper.__name__ = getattr(fn, "__name__", "hook")
+        wrapper.__doc__ = fn.__doc__
+        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+# --- patching libraries when they are imported -------------------------------------------------
+
+
+class Patches:
+    """The attributes a hook replaced: `wrap` patches one (once: wrappers carry `mark`),
+    `restore` puts every original back, latest first (a hook's `uninstall`)."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+        self._done: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) in patch order
+
+    def wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> bool:
+        """Replace `owner.name` (defined on `owner` itself) by `make(original)`, wrapped like it;
+        False when there is no such attribute or it is wrapped already."""
+        original = getattr(owner, "__dict__", {}).get(name)
+        if original is None or getattr(original, self.mark, False):
+            return False
+        wrapper = functools.wraps(original)(make(original))
+        setattr(wrapper, self.mark, True)
+        setattr(owner, name, wrapper)
+        self._done.append((owner, name, original))
+        return True
+
+    def restore(self) -> None:
+        while self._done:
+            owner, name, original = self._done.pop()
+            setattr(owner, name, original)
+
+
+_pending: dict[str, list[Callable[[types.ModuleType], None]]] = {}
+_pending_lock = threading.RLock()
+
+
+def when_imported(module_name: str, callback: Callable[[types.ModuleType], None]) -> None:
+    """Run `callback(module)` once `module_name` is imported (now, if it already is).
+
+    The service pays nothing for libraries it never imports. `callback` runs right after the
+    module's code, before the importer sees it; its exceptions are the caller's to guard.
+    """
+    with _pending_lock:
+        module = sys.modules.get(module_name)
+        if module is None:
+            _pending.setdefault(module_name, []).append(callback)
+            if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+                sys.meta_path.insert(0, _PostImportFinder())
+            return
+    callback(module)
+
+
+def _run_callbacks(module: types.ModuleType) -> None:
+    with _pending_lock:
+        callbacks = _pending.pop(module.__name__, [])
+    for callback in callbacks:
+        try:
+            callback(module)
+        except Exception as exc:  # a hook that cannot patch must not break the service's import
+            count_error(getattr(callback, "__module__", "import-hook").rsplit(".", 1)[-1], exc)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: it wraps the loader of a module someone waits for."""
+
+    def __init__(self) -> None:
+        self._finding = threading.local()
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _pending:
+            return None
+        finding: set[str] = self._finding.__dict__.setdefault("names", set())
+        if fullname in finding:
+            return None
+        finding.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except Exception:
+            return None
+        finally:
+            finding.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _CallbackLoader(spec.loader)
+        return spec
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        result: types.ModuleType | None = self._loader.create_module(spec)
+        return result
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        _run_callbacks(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
+        return getattr(self._loader, name)

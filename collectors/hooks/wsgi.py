@@ -1,0 +1,297 @@
+"""Inbound HTTP requests of WSGI services under gunicorn (sync and gthread workers), any WSGI app; Flask routes.
+
+One request root per HTTP request, backdated to when its bytes reached the server's socket:
+
+- **Where it hooks.** gunicorn's `Worker.load_wsgi`, which every worker runs after the fork
+  (with `--preload` too, where the app itself was imported in the master): the worker's
+  WSGI callable is wrapped, so any WSGI application (Flask, Django, Falcon, bare callables)
+  is seen. gthread's `ThreadWorker.enqueue_req` notes when a connection was handed to the
+  worker's thread pool. Flask's `RequestContext.match_request` names the route.
+- **Which requests.** As the ASGI hook: every request up to `latprof run --max-rate` a
+  second per process, above that a weighted random sample (`runtime.Sampler`); a request
+  outside the sample calls the application untouched.
+- **Start.** The connection's socket is `environ["gunicorn.socket"]`; TCP_INFO on it says
+  when the request's last bytes arrived (`_inbound.last_data_arrival`), read when the
+  application is called. An `X-Request-Start` header moves the start earlier still (a
+  `queue` segment with `latprof.queue.source = "header"`). Without a TCP socket (a unix
+  socket, another WSGI server) the request starts when the application was called, and a
+  warning record says so once per process.
+- **Before the application.** The time from arrival to the application call is `queue`: in
+  a sync worker, the connection waited in the accept backlog for the worker to be free
+  (`latprof.queue.source = "backlog"`); in a gthread worker, the part after the connection
+  was handed to the thread pool is the wait for a worker thread (`"threadpool"`), the part
+  before it the backlog. Waits under a millisecond get no segment (TCP_INFO counts in
+  kernel ticks of 1-10 ms).
+- **End** is when the server closes the application's response iterable, which it does
+  after writing the last bytes (PEP 3333). A `wsgi.file_wrapper` response (sendfile) is
+  not wrapped, so that the server still recognises it: it ends when the application
+  returned it.
+- **cpu_ns** is the thread CPU time from the application call to the end, when the same
+  thread ends it (both gunicorn worker types do).
+- **Route** is the method and Flask's matched URL rule (`POST /chat/<int:id>`), never the raw
+  path; `<unmatched>` when Flask matched nothing, `<no route>` for other applications.
+- A request already open in this context (a WSGI app mounted inside an ASGI one) is not
+  opened again.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+from latprof.collectors.hooks import _inbound, runtime
+from latprof.layers import QUEUE
+from latprof.semconv import NOTE_WARNING, QUEUE_SOURCE, SAMPLE_WEIGHT
+
+HOOK = "wsgi"
+
+#: Waits before the application shorter than this get no `queue` segment.
+MIN_QUEUE_NS = 1_000_000
+BACKLOG_WAIT = "accept backlog"
+THREADPOOL_WAIT = "threadpool wait"
+BEHIND_THE_PROXY = "queue before the server (X-Request-Start)"
+NO_ROUTE = "<no route>"
+UNMATCHED = "<unmatched>"
+
+_PATCHED = "_latprof_patched"
+_time_ns = time.time_ns
+_thread_time_ns = time.thread_time_ns
+_installed = False
+
+#: gthread: when each connection was last handed to the thread pool (wall-clock ns), by the
+#: socket's file descriptor. An entry is overwritten each time a connection on that descriptor
+#: is handed over, before the request it carries is read, so a closed connection's entry is
+#: never read for a later one; at most one entry per descriptor. A plain dict: one store
+#: under the GIL, no lock, on every request whether it is recorded or not.
+_enqueued: dict[int, int] = {}
+
+
+def install() -> bool:
+    """Patch gunicorn's workers and Flask when (if ever) the service imports them; idempotent."""
+    global _installed
+    if not _installed:
+        _installed = True
+        runtime.when_imported("gunicorn.workers.base", _patch_worker)
+        runtime.when_imported("gunicorn.workers.gthread", _patch_gthread)
+        runtime.when_imported("flask.ctx", _patch_flask)
+    return True
+
+
+# --- gunicorn ----------------------------------------------------------------------------------
+
+
+@runtime.guarded(HOOK)
+def _patch_worker(module: Any) -> None:
+    cls = getattr(module, "Worker", None)
+    original = getattr(cls, "load_wsgi", None)
+    if original is None or getattr(original, _PATCHED, False):
+        return
+
+    def load_wsgi(self: Any) -> Any:
+        result = original(self)
+        try:
+            app = getattr(self, "wsgi", None)
+            if app is not None and not getattr(app, _PATCHED, False):
+                self.wsgi = wrap_app(app, server="gunicorn", threaded=type(self).__name__ == "ThreadWorker")
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+        return result
+
+    functools.update_wrapper(load_wsgi, original)
+    setattr(load_wsgi, _PATCHED, True)
+    cls.load_wsgi = load_wsgi
+
+
+@runtime.guarded(HOOK)
+def _patch_gthread(module: Any) -> None:
+    cls = getattr(module, "ThreadWorker", None)
+    original = getattr(cls, "enqueue_req", None)
+    if original is None or getattr(original, _PATCHED, False):
+        return
+
+    def enqueue_req(self: Any, conn: Any) -> Any:
+        try:
+            sock = getattr(conn, "sock", None)
+            if sock is not None and runtime._writer is not None:
+                _enqueued[sock.fileno()] = _time_ns()
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+        return original(self, conn)
+
+    functools.update_wrapper(enqueue_req, original)
+    setattr(enqueue_req, _PATCHED, True)
+    cls.enqueue_req = enqueue_req
+
+
+# --- the application ---------------------------------------------------------------------------
+
+
+def wrap_app(app: Callable[..., Any], *, server: str = "wsgi", threaded: bool = False) -> Callable[..., Any]:
+    """`app` with every call recorded as a request (see the module's notes).
+
+    `threaded`: the server hands connections to a thread pool (gthread), so time after the
+    hand-off is a wait for a worker thread rather than the accept backlog.
+    """
+
+    def application(environ: Any, start_response: Callable[..., Any]) -> Any:
+        if not runtime.active() or runtime.current_request() is not None:
+            return app(environ, start_response)
+        try:
+            weight = runtime.sampler()
+            request = _open(environ, weight, threaded) if weight else None
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+            request = None
+        if request is None:
+            return app(environ, start_response)
+
+        def start(status: str, headers: Any, exc_info: Any = None) -> Any:
+            try:
+                request.status = int(str(status)[:3])
+            except (TypeError, ValueError):
+                pass
+            return start_response(status, headers, exc_info) if exc_info is not None else start_response(status, headers)
+
+        try:
+            result = app(environ, start)
+        except BaseException:
+            if request.status is None:
+                request.status = 500
+            _finish(request)
+            raise
+        file_wrapper = environ.get("wsgi.file_wrapper")
+        if isinstance(file_wrapper, type) and isinstance(result, file_wrapper):
+            _finish(request)
+            return result
+        return _Response(result, request)
+
+    functools.update_wrapper(application, app)
+    setattr(application, _PATCHED, True)
+    return application
+
+
+class _Request:
+    __slots__ = ("token", "state", "status", "thread", "cpu0", "finished")
+
+    def __init__(self, token: Any, state: runtime.RequestState, thread: int, cpu0: int) -> None:
+        self.token = token
+        self.state = state
+        self.status: int | None = None
+        self.thread = thread
+        self.cpu0 = cpu0
+        self.finished = False
+
+
+def _open(environ: Any, weight: int, threaded: bool) -> _Request | None:
+    """Open the request whose application call starts now: its arrival, waits before, root."""
+    called_ns = _time_ns()
+    sock = environ.get("gunicorn.socket")
+    _inbound.load()
+    arrival_ns: int | None = None
+    if _inbound.has_tcp_info(sock):
+        arrival_ns = _inbound.last_data_arrival(sock, called_ns)
+    else:
+        _inbound.note_once(
+            HOOK,
+            NOTE_WARNING,
+            "wsgi: no TCP_INFO on the server's socket (unix socket, not gunicorn or not Linux): requests start"
+            " when the application was called, time they waited before that is not seen",
+        )
+    arrival = min(arrival_ns, called_ns) if arrival_ns is not None else called_ns
+    header_ns = _inbound.header_start(environ.get("HTTP_X_REQUEST_START"), arrival, HOOK)
+    start_ns = header_ns if header_ns is not None else arrival
+    attrs = {SAMPLE_WEIGHT: weight} if weight > 1 else None
+    token, state = runtime.open_request(f"{environ.get('REQUEST_METHOD') or 'GET'} {NO_ROUTE}", start_ns, attrs)
+    request = _Request(token, state, threading.get_ident(), _thread_time_ns())
+    if header_ns is not None and header_ns < arrival:
+        _segment(state, BEHIND_THE_PROXY, header_ns, arrival, "header")
+    if called_ns - arrival >= MIN_QUEUE_NS:
+        handed = None
+        if threaded and sock is not None:
+            handed = _enqueued.get(sock.fileno())
+        if handed is None or handed > called_ns:  # a sync worker: it accepted the connection when free
+            _segment(state, BACKLOG_WAIT, arrival, called_ns, "backlog")
+        elif handed <= arrival:  # in the thread pool's queue before its bytes arrived
+            _segment(state, THREADPOOL_WAIT, arrival, called_ns, "threadpool")
+        else:
+            if handed - arrival >= MIN_QUEUE_NS:
+                _segment(state, BACKLOG_WAIT, arrival, handed, "backlog")
+            if called_ns - handed >= MIN_QUEUE_NS:
+                _segment(state, THREADPOOL_WAIT, handed, called_ns, "threadpool")
+    return request
+
+
+def _segment(state: runtime.RequestState, name: str, start_ns: int, end_ns: int, source: str) -> None:
+    runtime.record(name, QUEUE, start_ns, end_ns, {QUEUE_SOURCE: source}, parent_id=runtime.ROOT, state=state)
+
+
+def _finish(request: _Request) -> None:
+    """Emit the request's root (once); never raises."""
+    if request.finished:
+        return
+    request.finished = True
+    try:
+        end_ns = _time_ns()
+        state = request.state
+        if threading.get_ident() == request.thread:
+            state.cpu_ns = max(0, _thread_time_ns() - request.cpu0)
+        state.status_code = request.status
+        runtime.end_request(request.token, end_ns)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+
+
+class _Response:
+    """The application's response iterable; the request ends when the server closes it."""
+
+    __slots__ = ("_inner", "_request")
+
+    def __init__(self, inner: Iterable[bytes], request: _Request) -> None:
+        self._inner = inner
+        self._request = request
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._inner)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            _finish(self._request)
+
+    def __del__(self) -> None:  # a server that never closes: the root is still emitted
+        if not self._request.finished:
+            _finish(self._request)
+
+
+# --- route templates ---------------------------------------------------------------------------
+
+
+@runtime.guarded(HOOK)
+def _patch_flask(module: Any) -> None:
+    cls = getattr(module, "RequestContext", None)
+    original = getattr(cls, "match_request", None)
+    if original is None or getattr(original, _PATCHED, False):
+        return
+
+    def match_request(self: Any) -> Any:
+        try:
+            return original(self)
+        finally:
+            try:
+                state = runtime.current_request()
+                if state is not None and state.route.endswith(NO_ROUTE):
+                    request = self.request
+                    rule = getattr(request, "url_rule", None)
+                    template = getattr(rule, "rule", None)
+                    state.route = f"{request.method} {template if isinstance(template, str) else UNMATCHED}"
+            except Exception as exc:
+                runtime.count_error(HOOK, exc)
+
+    functools.update_wrapper(match_request, original)
+    setattr(match_request, _PATCHED, True)
+    cls.match_request = match_request

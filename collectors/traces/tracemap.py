@@ -1,0 +1,367 @@
+"""From trace spans to the event model: each trace's root span a request, its descendants layered segments.
+
+Stock OpenTelemetry instrumentation records calls, not waits: no pool-wait span (except
+SQLAlchemy's `connect`), LLM HTTP calls that end when the response headers arrive, no queue
+time. This module maps what the spans do show to layers by one table (`classify`, the table
+below), and leaves the rest uncovered: time on a request's critical path that no
+span explains is `unattributed` (traces carry no CPU time), which `latprof.analysis.inference` and the
+`uninstrumented-gap` rule then examine.
+
+| spans (scope, name, attributes)                                   | layer |
+|-------------------------------------------------------------------|-------|
+| `gen_ai.operation.name` chat / text_completion / generate_content / embeddings | `provider` up to the first token when `gen_ai.response.time_to_first_chunk` is recorded, `model` after; without it `provider` with `latprof.ttft_known: false` (the analysis estimates decode from output tokens, as for any non-streamed call) |
+| `gen_ai.operation.name` execute_tool, retrieval                  | `tool` |
+| `gen_ai.operation.name` invoke_agent, create_agent, invoke_workflow | none: a wrapper, its children count |
+| scope `opentelemetry.instrumentation.sqlalchemy`, name `connect` | `db.pool`: it wraps `Engine.connect`, the pool checkout (measured) |
+| any other span with `db.system.name` / `db.system`              | `db.query` (also redis) |
+| HTTP client span (`http.request.method`/`http.method`) to an LLM path (`/chat/completions`, `/completions`, `/responses`, `/embeddings`, `/v1/messages`) | `provider`, extended to the caller's next step (the span ends at the response headers; the body streams after), TTFT and decode not split (`latprof.split_unknown`) |
+| other CLIENT spans (HTTP, RPC, ...) and PRODUCER spans           | `tool` |
+| CONSUMER span with a link to (or a parent that is) a message's send/create span in the file | `queue` from that span's start to the consumer span's start; a `receive` span's own duration is polling, no layer |
+| ASGI `http send` / `http receive` spans (`asgi.event.type`)     | dropped: zero-length noise for gaps and sequences |
+| SERVER spans below the root, INTERNAL and other spans            | none: their children count, their own time stays uncovered |
+
+An HTTP call inside a GenAI model span is that call's transport: it gets no layer of its own
+(the SDK's layers count the time once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Sequence
+
+from latprof.events import NO_ATTRS, Request, Segment
+from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, TOOL
+from latprof.semconv import (
+    GEN_AI_OPERATION_NAME,
+    HTTP_ROUTE,
+    LLM_CALL_ID,
+    QUEUE_SOURCE,
+    SPLIT_UNKNOWN,
+    TTFT_KNOWN,
+)
+from latprof.collectors.traces.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, Span
+
+#: Path suffixes of LLM API calls (DESIGN.md "What is an LLM call"); first match wins.
+DEFAULT_LLM_PATHS: tuple[str, ...] = ("/chat/completions", "/completions", "/responses", "/embeddings", "/v1/messages")
+
+SQLALCHEMY_SCOPE = "opentelemetry.instrumentation.sqlalchemy"
+GEN_AI_TTFT = "gen_ai.response.time_to_first_chunk"
+#: bool on a `provider` segment made from an HTTP client span: its end was moved from the
+#: response headers to the caller's next step.
+ENDS_AT_NEXT_STEP = "latprof.llm.extended_to_next_step"
+#: "server" on the segment of a server span below the request's root (a downstream service's).
+SPAN_KIND = "latprof.span.kind"
+#: str on a segment: the service (resource `service.name`) whose span it is.
+SERVICE_NAME = "service.name"
+#: Name of the `queue` segment made from a message's send span and its process span.
+MESSAGING_QUEUE = "messaging queue"
+
+_MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
+_TOOL_OPERATIONS = frozenset({"execute_tool", "retrieval"})
+_WRAPPER_OPERATIONS = frozenset({"invoke_agent", "create_agent", "invoke_workflow"})
+_SEND_OPERATIONS = frozenset({"send", "publish", "create"})
+_DROP = "drop"  # classify(): not a segment at all
+_LLM_HTTP = "llm-http"  # classify(): an HTTP client span to an LLM path
+_GENAI_MODEL = "genai-model"  # classify(): a GenAI model call span
+
+
+def url_path(attrs: Mapping[str, Any]) -> str:
+    """The path of an HTTP client span's URL (`url.full`, `http.url`, `url.path`, `http.target`), query stripped."""
+    url = attrs.get("url.full") or attrs.get("http.url")
+    if isinstance(url, str):
+        scheme = url.find("://")
+        start = url.find("/", scheme + 3) if scheme >= 0 else url.find("/")
+        path = url[start:] if start >= 0 else ""
+    else:
+        path = attrs.get("url.path") or attrs.get("http.target") or ""
+        if not isinstance(path, str):
+            return ""
+    cut = path.find("?")
+    return path if cut < 0 else path[:cut]
+
+
+def classify(span: Span, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> str | None:
+    """The layer of `span` by the module's table, or None (no layer of its own); internal markers
+    `_GENAI_MODEL`, `_LLM_HTTP` and `_DROP` for the kinds `map_trace` treats specially."""
+    attrs = span.attrs
+    operation = attrs.get(GEN_AI_OPERATION_NAME)
+    if operation is not None:
+        if operation in _MODEL_OPERATIONS:
+            return _GENAI_MODEL
+        if operation in _TOOL_OPERATIONS:
+            return TOOL
+        if operation in _WRAPPER_OPERATIONS:
+            return None
+    if "db.system.name" in attrs or "db.system" in attrs:
+        if span.name == "connect" and span.scope == SQLALCHEMY_SCOPE:
+            return DB_POOL
+        return DB_QUERY
+    kind = span.kind
+    if kind == KIND_CLIENT:
+        if "http.request.method" in attrs or "http.method" in attrs:
+            path = url_path(attrs)
+            for suffix in llm_paths:
+                if path.endswith(suffix):
+                    return _LLM_HTTP
+        return TOOL
+    if kind == KIND_PRODUCER:
+        return TOOL
+    if "asgi.event.type" in attrs:
+        return _DROP
+    return None
+
+
+def route_of(span: Span) -> str:
+    """The route template of a request's root span (`GET /chat`), else its name."""
+    attrs = span.attrs
+    route = attrs.get(HTTP_ROUTE)
+    if isinstance(route, str) and route:
+        method = attrs.get("http.request.method") or attrs.get("http.method")
+        return f"{method} {route}" if method else route
+    return span.name
+
+
+@dataclass
+class TraceEvents:
+    """Requests and their segments made from spans, and what could not be mapped."""
+
+    requests: list[Request] = field(default_factory=list)
+    segments_by_request: dict[str, list[Segment]] = field(default_factory=dict)
+    segment_count: int = 0
+    warnings: list[str] = field(default_factory=list)
+    #: The emitting instances by the number the events carry as `pid`: service name, instance id, host, pid.
+    instances: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+class _Counts:
+    __slots__ = ("duplicates", "missing_parent", "cycles", "skewed", "skew_max_ns", "skew_pairs", "instances", "by_resource", "services")
+
+    def __init__(self) -> None:
+        self.duplicates = 0
+        self.missing_parent = 0
+        self.cycles = 0
+        self.skewed = 0
+        self.skew_max_ns = 0
+        self.skew_pairs: dict[tuple[str, str], int] = {}
+        self.instances: dict[Any, int] = {}
+        self.by_resource: dict[int, tuple[Mapping[str, Any], str, int]] = {}
+        self.services: dict[str, Mapping[str, Any]] = {}
+
+
+def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> TraceEvents:
+    """Group `spans` by trace and map each trace (`map_trace`); warnings say what was left out."""
+    traces: dict[str, list[Span]] = {}
+    consumers = False
+    for span in spans:
+        bucket = traces.get(span[0])
+        if bucket is None:
+            traces[span[0]] = [span]
+        else:
+            bucket.append(span)
+        if span[4] == KIND_CONSUMER:
+            consumers = True
+    producers: dict[str, Span] = {}
+    if consumers:  # messages: their send spans, for the queue time of their process spans
+        for trace in traces.values():
+            for span in trace:
+                if span[4] == KIND_PRODUCER or span[9].get("messaging.operation.type") in _SEND_OPERATIONS:
+                    producers[span[1]] = span
+    out = TraceEvents()
+    counts = _Counts()
+    for trace_id, trace in traces.items():
+        map_trace(trace_id, trace, out, counts, llm_paths, producers)
+    out.instances = {
+        number: {k: v for k, v in zip(("service.name", "service.instance.id", "host.name", "process.pid"), key) if v not in (None, "")}
+        for key, number in counts.instances.items()
+    }  # fmt: skip
+    if counts.duplicates:
+        out.warnings.append(f"{counts.duplicates} span(s) recorded twice under one id (same trace); kept the first")
+    if counts.missing_parent:
+        out.warnings.append(
+            f"{counts.missing_parent} span(s) name a parent that is not in the input (a partial trace?): each is read"
+            " as the root of a request of its own"
+        )
+    if counts.cycles:
+        out.warnings.append(f"{counts.cycles} span(s) in parent cycles (no root above them); left out")
+    if counts.skewed:
+        pairs = ", ".join(f"{child} under {parent}" for (child, parent), _ in sorted(counts.skew_pairs.items(), key=lambda kv: -kv[1])[:3])
+        out.warnings.append(
+            f"{counts.skewed} span(s) of one service lie outside their parent span of another service, by up to"
+            f" {counts.skew_max_ns / 1e6:.1f} ms ({pairs}): clock skew between services? Clipped to their parent"
+        )
+    return out
+
+
+def _service_attrs(service: str, counts: _Counts) -> Mapping[str, Any]:
+    """A request root's attributes: its service, one mapping per service shared by its requests."""
+    if not service:
+        return NO_ATTRS
+    attrs = counts.services.get(service)
+    if attrs is None:
+        attrs = counts.services[service] = MappingProxyType({SERVICE_NAME: service})
+    return attrs
+
+
+def _instance(span: Span, counts: _Counts) -> int:
+    """A small number per emitting instance (service, instance id, host, pid): the requests' `pid`."""
+    resource = span[13]
+    cached = counts.by_resource.get(id(resource))
+    if cached is not None and cached[0] is resource and cached[1] == span[7]:
+        return cached[2]
+    key = (span[7], resource.get("service.instance.id"), resource.get("host.name"), resource.get("process.pid"))
+    number = counts.instances.get(key)
+    if number is None:
+        number = counts.instances[key] = len(counts.instances) + 1
+    counts.by_resource[id(resource)] = (resource, span[7], number)  # one resource object per document part
+    return number
+
+
+def map_trace(
+    trace_id: str,
+    spans: Sequence[Span],
+    out: TraceEvents,
+    counts: _Counts,
+    llm_paths: Sequence[str],
+    producers: Mapping[str, Span],
+) -> None:
+    """Append one trace's requests and segments to `out`.
+
+    Each span without a parent in the trace is a request root (the trace's id is the request
+    id when it has one root). Every span below a root becomes a segment of that request, its
+    layer by `classify`; a child hanging directly off the root has no parent segment.
+    """
+    by_id: dict[str, Span] = {}
+    for span in spans:
+        if span[1] in by_id:
+            counts.duplicates += 1
+        else:
+            by_id[span[1]] = span
+    children: dict[str, list[Span]] = {}
+    roots: list[Span] = []
+    for span in by_id.values():
+        parent = span[2]
+        if parent is None:
+            roots.append(span)
+        elif parent in by_id and parent != span[1]:
+            kids = children.get(parent)
+            if kids is None:
+                children[parent] = [span]
+            else:
+                kids.append(span)
+        else:
+            counts.missing_parent += 1
+            roots.append(span)
+    reached = 0
+    new = tuple.__new__
+    for root in roots:
+        request_id = trace_id if len(roots) == 1 else f"{trace_id}:{root[1]}"
+        segments: list[Segment] = []
+        start_ns, end_ns = root[5], root[6]
+        reached += 1
+        root_id = root[1]
+        # depth-first: (span, its parent span, inside an LLM model call)
+        stack: list[tuple[Span, Span, bool]] = [(kid, root, False) for kid in children.get(root_id, ())]
+        last_resource: Any = None
+        pid = 0
+        while stack:
+            span, parent_span, in_llm = stack.pop()
+            reached += 1
+            layer = classify(span, llm_paths)
+            if layer is _DROP:
+                continue
+            sid = span[1]
+            parent_segment = None if parent_span is root else parent_span[1]
+            if span[13] is not last_resource:
+                last_resource, pid = span[13], _instance(span, counts)
+            child_in_llm = in_llm
+            s_start, s_end = span[5], span[6]
+            if span[7] != parent_span[7] and (s_start < parent_span[5] - 1_000_000 or s_end > parent_span[6] + 1_000_000):
+                counts.skewed += 1
+                counts.skew_max_ns = max(counts.skew_max_ns, parent_span[5] - s_start, s_end - parent_span[6])
+                pair = (span[7] or "?", parent_span[7] or "?")
+                counts.skew_pairs[pair] = counts.skew_pairs.get(pair, 0) + 1
+            if layer is _GENAI_MODEL:
+                child_in_llm = True
+                segments.extend(_model_call(request_id, span, parent_segment, pid))
+            elif layer is _LLM_HTTP:
+                if in_llm:  # the SDK span above counts this time
+                    segments.append(new(Segment, (request_id, sid, parent_segment, span[3], None, s_start, s_end, pid, span[9])))
+                else:
+                    child_in_llm = True
+                    s_end = _next_step(span, parent_span, children.get(parent_span[1], ()))
+                    attrs = {**span[9], SPLIT_UNKNOWN: True, LLM_CALL_ID: sid, ENDS_AT_NEXT_STEP: s_end != span[6]}
+                    segments.append(new(Segment, (request_id, sid, parent_segment, span[3], PROVIDER, s_start, s_end, pid, attrs)))
+            else:
+                if in_llm and layer == TOOL:
+                    layer = None
+                own: Mapping[str, Any] = span[9] if span[4] != KIND_SERVER else {**span[9], SPAN_KIND: "server", SERVICE_NAME: span[7]}
+                segments.append(new(Segment, (request_id, sid, parent_segment, span[3], layer, s_start, s_end, pid, own)))
+            if span[4] == KIND_CONSUMER:
+                queue = _messaging_queue(request_id, span, parent_segment, pid, producers)
+                if queue is not None:
+                    segments.append(queue)
+            kids = children.get(sid)
+            if kids:
+                for kid in kids:
+                    stack.append((kid, span, child_in_llm))
+        if root[4] == KIND_CONSUMER:
+            queue = _messaging_queue(request_id, root, None, _instance(root, counts), producers)
+            if queue is not None:
+                segments.append(queue)
+                start_ns = min(start_ns, queue.start_ns)
+        root_attrs = root[9]
+        status = root_attrs.get("http.response.status_code") or root_attrs.get("http.status_code")
+        out.requests.append(
+            new(Request, (request_id, route_of(root), start_ns, end_ns, _instance(root, counts), None,
+                          status if type(status) is int else None, _service_attrs(root[7], counts)))
+        )  # fmt: skip
+        if segments:
+            out.segments_by_request[request_id] = segments
+            out.segment_count += len(segments)
+    if reached < len(by_id):
+        counts.cycles += len(by_id) - reached
+
+
+def _model_call(request_id: str, span: Span, parent_segment: str | None, pid: int) -> list[Segment]:
+    """A GenAI model span: `provider` until the first chunk when recorded, `model` after."""
+    sid, start, end = span[1], span[5], span[6]
+    ttft_s = span.attrs.get(GEN_AI_TTFT)
+    if isinstance(ttft_s, (int, float)) and not isinstance(ttft_s, bool) and 0 <= ttft_s * 1e9 <= end - start:
+        first = start + int(ttft_s * 1e9)
+        attrs = {**span.attrs, LLM_CALL_ID: sid}
+        return [
+            Segment(request_id, sid, parent_segment, span[3], PROVIDER, start, first, pid, attrs),
+            Segment(request_id, f"{sid}.decode", parent_segment, span[3], MODEL, first, end, pid, attrs),
+        ]
+    attrs = {**span.attrs, LLM_CALL_ID: sid, TTFT_KNOWN: False}
+    return [Segment(request_id, sid, parent_segment, span[3], PROVIDER, start, end, pid, attrs)]
+
+
+def _next_step(span: Span, parent: Span, siblings: Sequence[Span]) -> int:
+    """Where the caller's next step begins after an LLM HTTP span that ended at the response
+    headers: the first sibling that starts after it ends, else the parent's end."""
+    end = span[6]
+    following = parent[6]
+    for sibling in siblings:
+        if sibling is not span and end <= sibling[5] < following and "asgi.event.type" not in sibling.attrs:
+            following = sibling[5]
+    return max(end, following)
+
+
+def _messaging_queue(request_id: str, span: Span, parent_segment: str | None, pid: int,
+                     producers: Mapping[str, Span]) -> Segment | None:  # fmt: skip
+    """The `queue` segment of a message's process span: from its send/create span's start to
+    the process span's start (through a link, or the parent); None for `receive` spans, whose
+    own duration is polling."""
+    if span.attrs.get("messaging.operation.type") == "receive":
+        return None
+    sources = [link.span_id for link in span.links]
+    if span[2] is not None:
+        sources.append(span[2])
+    for source in sources:
+        producer = producers.get(source)
+        if producer is not None and producer[5] < span[5]:
+            return Segment(request_id, f"{span[1]}.queue", parent_segment, MESSAGING_QUEUE, QUEUE, producer[5], span[5], pid,
+                           {QUEUE_SOURCE: "messaging", "messaging.destination.name": span.attrs.get("messaging.destination.name")})  # fmt: skip
+    return None

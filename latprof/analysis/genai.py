@@ -1,0 +1,131 @@
+"""Reading LLM calls off segments: model, token counts, whether TTFT was measured; the non-streamed split."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Iterable, Mapping, Sequence
+
+from latprof.events import Segment
+from latprof.layers import MODEL, PROVIDER
+from latprof.semconv import (
+    ESTIMATED,
+    GEN_AI_OUTPUT_TOKENS,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_RESPONSE_MODEL,
+    LLM_CALL_ID,
+    SPLIT_UNKNOWN,
+    TTFT_KNOWN,
+)
+from latprof.analysis.timeline import RequestTimeline
+
+
+def model_of(segment: Segment) -> str:
+    """The model an LLM segment called (requested, else responding), or ""."""
+    model = segment.attrs.get(GEN_AI_REQUEST_MODEL) or segment.attrs.get(GEN_AI_RESPONSE_MODEL)
+    return str(model) if model else ""
+
+
+def token_count(value: Any) -> float | None:
+    """A token count as a float, or None when absent or not a finite non-negative number."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def is_measured(segment: Segment) -> bool:
+    """False for estimated boundaries and for attach-mode LLM time whose TTFT/decode split is unknown."""
+    return not (segment.attrs.get(ESTIMATED) or segment.attrs.get(SPLIT_UNKNOWN))
+
+
+def decode_ms_per_token(model_segments: Iterable[Segment]) -> dict[str, float]:
+    """Median decode time per output token, per model, over measured (streamed) `model` segments."""
+    per_token: dict[str, list[float]] = {}
+    for segment in model_segments:
+        if segment.layer != MODEL or not is_measured(segment):
+            continue
+        tokens = token_count(segment.attrs.get(GEN_AI_OUTPUT_TOKENS))
+        if tokens and segment.end_ns > segment.start_ns:
+            per_token.setdefault(model_of(segment), []).append((segment.end_ns - segment.start_ns) / 1e6 / tokens)
+    return {model: statistics.median(values) for model, values in per_token.items()}
+
+
+def is_unstreamed(segment: Segment) -> bool:
+    """True for the `provider` segment of an LLM call whose TTFT was not observed."""
+    return segment[4] == PROVIDER and segment[8].get(TTFT_KNOWN) is False  # layer, attrs (hot path)
+
+
+class UnstreamedSplitter:
+    """Splits non-streamed LLM calls into `provider` and an estimated `model` part.
+
+    A non-streamed call has no TTFT (its `provider` segment says `latprof.ttft_known: false`
+    and no `model` segment shares its call id). Its decode is estimated (DESIGN.md) as its
+    output tokens times the median time per token of streamed calls of the same model
+    (`rates`, from `decode_ms_per_token`), at most the whole call; both parts are marked
+    `latprof.estimated`. A call with no output token count, or whose model has no streamed
+    calls, stays whole in `provider`. `warnings()` says what was done.
+    """
+
+    def __init__(self, rates: Mapping[str, float]) -> None:
+        self.rates = rates
+        self.split = 0
+        self.unsplit = 0
+        self.used: dict[str, float] = {}
+
+    def __call__(self, rt: RequestTimeline) -> RequestTimeline:
+        streamed_calls = {s.attrs.get(LLM_CALL_ID) for s in rt.segments if s.layer == MODEL and s.attrs.get(LLM_CALL_ID)}
+        segments: list[Segment] = []
+        for segment in rt.segments:
+            call_id = segment.attrs.get(LLM_CALL_ID)
+            if not is_unstreamed(segment) or not is_measured(segment) or (call_id and call_id in streamed_calls):
+                segments.append(segment)
+                continue
+            model = model_of(segment)
+            tokens = token_count(segment.attrs.get(GEN_AI_OUTPUT_TOKENS))
+            rate = self.rates.get(model)
+            if not tokens or rate is None:
+                self.unsplit += 1
+                segments.append(segment)
+                continue
+            decode_ns = min(segment.end_ns - segment.start_ns, int(tokens * rate * 1e6))
+            boundary = segment.end_ns - decode_ns
+            attrs = {**segment.attrs, ESTIMATED: True}
+            segments.append(segment._replace(end_ns=boundary, attrs=attrs))
+            segments.append(
+                Segment(segment.request_id, f"{segment.segment_id}.decode", segment.parent_id, segment.name, MODEL,
+                        boundary, segment.end_ns, segment.pid, attrs)
+            )
+            self.used[model] = rate
+            self.split += 1
+        return RequestTimeline(rt.request, tuple(segments))
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.split:
+            rates = ", ".join(f"{model or 'unnamed model'} {rate:.2f} ms/token" for model, rate in sorted(self.used.items()))
+            out.append(
+                f"{self.split} non-streamed LLM call(s) have no measured TTFT: their decode is estimated as output"
+                f" tokens x the median time per token of streamed calls of the same model ({rates})"
+            )
+        if self.unsplit:
+            out.append(
+                f"{self.unsplit} non-streamed LLM call(s) could not be split (no output token count, or no streamed"
+                " calls of the same model): counted whole as provider"
+            )
+        return out
+
+
+def split_unstreamed_calls(requests: Sequence[RequestTimeline]) -> tuple[list[RequestTimeline], list[str]]:
+    """`UnstreamedSplitter` over a list of requests; unchanged requests are the same objects."""
+    candidates = [i for i, rt in enumerate(requests) if any(is_unstreamed(s) for s in rt.segments)]
+    out = list(requests)
+    if not candidates:
+        return out, []
+    splitter = UnstreamedSplitter(decode_ms_per_token(s for rt in requests for s in rt.segments))
+    for i in candidates:
+        out[i] = splitter(out[i])
+    return out, splitter.warnings()

@@ -1,0 +1,304 @@
+"""Infer from traces what stock instrumentation does not record: pool waits and queues seen only as gaps.
+
+psycopg_pool, asyncpg and most drivers emit a span per statement but none for the pool
+checkout, so a request that waits for a connection shows an uncovered gap right before its
+first database span. A gap there alone proves nothing (it may be the request's own code); it
+is read as a pool wait only when the traces show the shape of a pool at its limit:
+
+- the gap is large in the tail cohort and near zero in the median cohort, and
+- while requests sit in such gaps, the number of requests holding a connection (from their
+  first database span to the end of their last) stays at a ceiling: the pool's size.
+
+Then each request's gap becomes an inferred `db.pool` segment (`latprof.inferred: true`,
+with the evidence in its attributes), and rules and the report say it was inferred. Without
+the shape nothing changes and the gap stays `unattributed` for the `uninstrumented-gap` rule.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Any, Sequence
+
+from latprof.analysis.requests import NS_PER_MS, cohorts
+from latprof.events import Segment
+from latprof.layers import DB_POOL, DB_QUERY, QUEUE
+from latprof.semconv import QUEUE_SOURCE
+from latprof.analysis.timeline import RequestTimeline, Timeline
+from latprof.collectors.traces.tracemap import SERVICE_NAME, SPAN_KIND
+
+#: bool on a segment that no span measured: the analysis inferred it from the traces' shape.
+INFERRED = "latprof.inferred"
+#: str on an inferred segment: what it was inferred from.
+INFERRED_FROM = "latprof.inferred.from"
+#: int on an inferred `db.pool` segment: the ceiling of requests holding a connection.
+INFERRED_CEILING = "latprof.inferred.connection_ceiling"
+#: float: the share of the waiting time during which that ceiling was reached.
+INFERRED_AT_CEILING = "latprof.inferred.share_of_wait_at_ceiling"
+INFERRED_TAIL_GAP_MS = "latprof.inferred.tail_mean_gap_ms"
+INFERRED_MEDIAN_GAP_MS = "latprof.inferred.median_mean_gap_ms"
+INFERRED_POOL_WAIT = "pool wait (inferred)"
+SOURCE_GAP_BEFORE_DB = "the uncovered gap before each request's first database span"
+
+#: The tail's mean gap before the first database span must be at least this long ...
+MIN_TAIL_GAP_MS = 50.0
+#: ... and explain at least this share of the tail's excess latency over the median ...
+MIN_SHARE_OF_EXCESS = 0.2
+#: ... while the median cohort's mean gap is at most this share of the tail's (or 5 ms).
+MAX_MEDIAN_GAP_RATIO = 0.1
+MAX_MEDIAN_GAP_MS = 5.0
+#: The holders' ceiling is stable when it is reached during this share of the waiting time.
+MIN_SHARE_AT_CEILING = 0.6
+
+
+@dataclasses.dataclass(frozen=True)
+class GapBeforeDb:
+    """A request's uncovered time right before its first database span."""
+
+    start_ns: int
+    end_ns: int
+    first_db: Segment
+    hold_end_ns: int  # the end of the request's last database span
+
+    @property
+    def gap_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+def gap_before_first_db(rt: RequestTimeline) -> GapBeforeDb | None:
+    """The uncovered interval that ends where the request's first `db.query` segment starts.
+
+    It starts where the latest layered segment that began earlier ended (clipped to the
+    database span's start), or at the request's start. None when the request has no database
+    span or already has a `db.pool` segment (a measured checkout)."""
+    first: Segment | None = None
+    last_end = 0
+    for s in rt.segments:
+        if s.layer == DB_POOL:
+            return None
+        if s.layer == DB_QUERY and s.end_ns > s.start_ns:
+            if first is None or s.start_ns < first.start_ns:
+                first = s
+            last_end = max(last_end, s.end_ns)
+    if first is None:
+        return None
+    gap_start = rt.request.start_ns
+    for s in rt.segments:
+        if s.layer is not None and s.start_ns < first.start_ns and s is not first:
+            gap_start = max(gap_start, min(s.end_ns, first.start_ns))
+    return GapBeforeDb(min(gap_start, first.start_ns), first.start_ns, first, last_end)
+
+
+def holders_during(waits: Sequence[tuple[int, int]], holds: Sequence[tuple[int, int]]) -> tuple[int, float]:
+    """(ceiling, share): the most requests holding a connection at once, and the share of the
+    total waiting time during which that many (or more) held one.
+
+    `holds` are [start, end) intervals of holding a connection, `waits` of waiting for one."""
+    points: list[tuple[int, int]] = [(s, 1) for s, e in holds if e > s] + [(e, -1) for s, e in holds if e > s]
+    points.sort()
+    level = 0
+    times: list[int] = []
+    levels: list[int] = []
+    for t, step in points:
+        level += step
+        if times and times[-1] == t:
+            levels[-1] = level
+        else:
+            times.append(t)
+            levels.append(level)
+    if not levels:
+        return 0, 0.0
+    ceiling = max(levels)
+    # the periods at the ceiling, as sorted disjoint [start, end)
+    at: list[tuple[int, int]] = []
+    for i, lv in enumerate(levels):
+        if lv >= ceiling and i + 1 < len(times):
+            at.append((times[i], times[i + 1]))
+    starts = [a for a, _ in at]
+    total = covered = 0
+    for ws, we in waits:
+        if we <= ws:
+            continue
+        total += we - ws
+        i = max(0, bisect.bisect_right(starts, ws) - 1)
+        while i < len(at) and at[i][0] < we:
+            lo, hi = max(ws, at[i][0]), min(we, at[i][1])
+            if hi > lo:
+                covered += hi - lo
+            i += 1
+    return ceiling, (covered / total if total else 0.0)
+
+
+def infer_pool_waits(timeline: Timeline) -> Timeline:
+    """The timeline with inferred `db.pool` segments when the gaps before the first database
+    span have a pool's shape (module docstring); else the same timeline."""
+    requests = timeline.requests
+    gaps: list[GapBeforeDb | None] = [gap_before_first_db(rt) for rt in requests]
+    if sum(g is not None for g in gaps) < 3:
+        return timeline
+    latencies = [rt.latency_ns / NS_PER_MS for rt in requests]
+    groups = cohorts(latencies)
+    if not groups.tail or not groups.median:
+        return timeline
+
+    def mean_gap_ms(cohort: Sequence[int]) -> float:
+        values = [gaps[i].gap_ns if gaps[i] is not None else 0 for i in cohort]  # type: ignore[union-attr]
+        return sum(values) / len(values) / NS_PER_MS
+
+    def mean_latency(cohort: Sequence[int]) -> float:
+        return sum(latencies[i] for i in cohort) / len(cohort)
+
+    tail_gap, median_gap = mean_gap_ms(groups.tail), mean_gap_ms(groups.median)
+    excess = mean_latency(groups.tail) - mean_latency(groups.median)
+    if tail_gap < MIN_TAIL_GAP_MS or tail_gap < MIN_SHARE_OF_EXCESS * excess:
+        return timeline
+    if median_gap > max(MAX_MEDIAN_GAP_MS, MAX_MEDIAN_GAP_RATIO * tail_gap):
+        return timeline
+    found = [g for g in gaps if g is not None]
+    waits = [(g.start_ns, g.end_ns) for g in found if g.gap_ns >= NS_PER_MS]
+    holds = [(g.end_ns, g.hold_end_ns) for g in found]
+    ceiling, share = holders_during(waits, holds)
+    if ceiling < 1 or share < MIN_SHARE_AT_CEILING:
+        return timeline
+    attrs: dict[str, Any] = {
+        INFERRED: True,
+        INFERRED_FROM: SOURCE_GAP_BEFORE_DB,
+        INFERRED_CEILING: ceiling,
+        INFERRED_AT_CEILING: round(share, 4),
+        INFERRED_TAIL_GAP_MS: round(tail_gap, 3),
+        INFERRED_MEDIAN_GAP_MS: round(median_gap, 3),
+    }
+    out: list[RequestTimeline] = []
+    for rt, g in zip(requests, gaps):
+        if g is None or g.gap_ns <= 0:
+            out.append(rt)
+            continue
+        first = g.first_db
+        wait = Segment(rt.request.request_id, f"{first.segment_id}.pool_wait", first.parent_id, INFERRED_POOL_WAIT, DB_POOL,
+                       g.start_ns, g.end_ns, first.pid, attrs)  # fmt: skip
+        out.append(RequestTimeline(rt.request, rt.segments + (wait,)))
+    return dataclasses.replace(timeline, requests=out)
+
+
+# --- queueing in front of a service that runs at a fixed concurrency ------------------------------
+
+#: A server span that starts within this long after another of its instance ended took that one's slot
+#: (a sync worker's accept and parse of the next request: ~1.3 ms on an idle machine, 2-4 ms with its
+#: cores busy). A downstream span whose caller waited longer is allowed a quarter of that wait.
+HANDOFF_NS = 10_000_000
+HANDOFF_SHARE_OF_WAIT = 0.25
+#: An instance runs at a fixed concurrency when at least this many spans took a freed slot at its ceiling.
+MIN_HANDOFFS = 3
+#: Root spans of an instance that took a freed slot in at least this share: its requests queued before them.
+MIN_ROOT_HANDOFF_SHARE = 0.3
+QUEUE_SOURCE_DOWNSTREAM = "downstream"
+SOURCE_DOWNSTREAM = (
+    "the time from the caller's client span to the start of the called service's server span, that service"
+    " running at a fixed concurrency with its spans back to back"
+)
+INFERRED_CONCURRENCY = "latprof.inferred.concurrency"
+INFERRED_SERVICE = "latprof.inferred.service"
+
+
+class _Slot:
+    """A server span of one instance: a request's root or a downstream server segment."""
+
+    __slots__ = ("start", "end", "request", "segment")
+
+    def __init__(self, start: int, end: int, request: int, segment: Segment | None) -> None:
+        self.start, self.end, self.request, self.segment = start, end, request, segment
+
+
+def _in_use(starts: list[int], ends: list[int], t: int) -> int:
+    """How many of the spans (their sorted starts and ends) were running at `t`."""
+    return bisect.bisect_right(starts, t) - bisect.bisect_right(ends, t)
+
+
+def _took_a_slot(start: int, starts: list[int], ends: list[int], ceiling: int, handoff_ns: int = HANDOFF_NS) -> bool:
+    """True when a span starting at `start` started within `handoff_ns` after another span of its
+    instance ended, with the instance at its ceiling until then (it took the freed slot)."""
+    i = bisect.bisect_right(ends, start) - 1
+    if i < 0 or start - ends[i] > handoff_ns:
+        return False
+    return _in_use(starts, ends, ends[i] - 1) >= ceiling
+
+
+def _caller(slot: _Slot, timeline: Timeline) -> Segment | None:
+    """The client segment a downstream server slot was called from (None for a root slot)."""
+    if slot.segment is None:
+        return None
+    parent = slot.segment.parent_id
+    return next((s for s in timeline.requests[slot.request].segments if s.segment_id == parent), None)
+
+
+def _handoff_ns(slot: _Slot, timeline: Timeline) -> int:
+    """How long after a slot freed a span may start and still count as having taken it."""
+    caller = _caller(slot, timeline)
+    if caller is None:
+        return HANDOFF_NS
+    return max(HANDOFF_NS, int((slot.start - caller.start_ns) * HANDOFF_SHARE_OF_WAIT))
+
+
+def infer_queueing(timeline: Timeline) -> Timeline:
+    """Queue time the traces show only by its shape: an instance whose server spans never run
+    more than C at once and start back to back, each as another ends (it ran at a fixed
+    concurrency, its requests waiting for a slot).
+
+    - A downstream server span (below a caller's client span) that took a freed slot: the time
+      from the client span's start to the server span's start is an inferred `queue` segment.
+    - Root spans that took freed slots: their requests may have queued before the span began,
+      time the traces cannot show - or a closed-loop load (each client sending its next request
+      as its last one is answered) drove the service, which looks the same from its spans; a
+      warning says both and what would measure it.
+    """
+    by_instance: dict[int, list[_Slot]] = {}
+    for i, rt in enumerate(timeline.requests):
+        by_instance.setdefault(rt.request.pid, []).append(_Slot(rt.request.start_ns, rt.request.end_ns, i, None))
+        for s in rt.segments:
+            # a downstream server span owns no layer: only those need their attributes read
+            if s[4] is None and s[8].get(SPAN_KIND) == "server" and s.end_ns > s.start_ns:
+                by_instance.setdefault(s.pid, []).append(_Slot(s.start_ns, s.end_ns, i, s))
+    added: dict[int, list[Segment]] = {}
+    warnings: list[str] = []
+    for slots in by_instance.values():
+        if len(slots) < MIN_HANDOFFS:
+            continue
+        starts = sorted(s.start for s in slots)
+        ends = sorted(s.end for s in slots)
+        # the most running at once is reached at some start: those started so far minus those ended
+        ceiling = max(i - bisect.bisect_right(ends, t) for i, t in enumerate(starts, 1))
+        took = [s for s in slots if _took_a_slot(s.start, starts, ends, ceiling, _handoff_ns(s, timeline))]
+        if len(took) < MIN_HANDOFFS:
+            continue
+        service = ""
+        for slot in took:
+            rt = timeline.requests[slot.request]
+            if slot.segment is None:
+                service = service or str(rt.request.attrs.get(SERVICE_NAME, ""))
+                continue
+            caller = _caller(slot, timeline)
+            if caller is None or slot.segment.start_ns - caller.start_ns < NS_PER_MS:
+                continue
+            service = service or str(slot.segment.attrs.get(SERVICE_NAME, ""))
+            attrs = {INFERRED: True, INFERRED_FROM: SOURCE_DOWNSTREAM, QUEUE_SOURCE: QUEUE_SOURCE_DOWNSTREAM,
+                     INFERRED_CONCURRENCY: ceiling, INFERRED_SERVICE: service}  # fmt: skip
+            added.setdefault(slot.request, []).append(
+                Segment(rt.request.request_id, f"{slot.segment.segment_id}.queue", caller.segment_id, "queue (inferred)",
+                        QUEUE, caller.start_ns, slot.segment.start_ns, slot.segment.pid, attrs)  # fmt: skip
+            )
+        roots = [s for s in slots if s.segment is None]
+        root_took = [s for s in took if s.segment is None]
+        if roots and len(root_took) >= MIN_HANDOFFS and len(root_took) >= MIN_ROOT_HANDOFF_SHARE * len(roots):
+            warnings.append(
+                f"{service or 'a service'}: {len(root_took) / len(roots):.0%} of its requests' spans started the moment"
+                f" another ended, never more than {ceiling} at once: it ran at a fixed concurrency of {ceiling}. Either"
+                " requests queued in front of it for a free worker - time these traces do not show (trace its callers,"
+                f" or record it with `latprof run`, which times the accept backlog) - or a closed-loop load of {ceiling}"
+                " clients drove it"
+            )
+    if not added and not warnings:
+        return timeline
+    requests = [
+        RequestTimeline(rt.request, rt.segments + tuple(added[i])) if i in added else rt for i, rt in enumerate(timeline.requests)
+    ]  # fmt: skip
+    return dataclasses.replace(timeline, requests=requests, warnings=list(timeline.warnings) + warnings)

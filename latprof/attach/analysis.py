@@ -1,0 +1,600 @@
+"""An attach capture (stack samples, wait channels, /proc gauges) to a report, per report-v1's attach mode.
+
+Sampling from outside sees no requests, so:
+
+- **Worker threads** are the threads that serve requests: a thread seen in a serving frame
+  (gunicorn's `handle_request`, a thread pool's `_WorkItem.run`, anyio's worker) or waiting
+  for the next request (`latprof.collectors.attach.stacks` idle signatures of workers). When none is recognised
+  (an unknown server), every thread with busy samples counts. Other threads (a pool's
+  housekeeping, the master) are left out of every share.
+- **Busy time** per layer is a worker's busy samples divided by the rate (thread-seconds);
+  **idle** samples of workers make `collection.idle_share`.
+- **Queue time** is estimated from the accept backlog (Little's law): the mean backlog over
+  the capture times its length is the time connections spent waiting, on no thread; the mean
+  wait per connection is the mean backlog divided by the accept rate.
+- **Shares** are each layer's time over busy time plus queue time (`share_of_tail_excess`
+  carries it; `p50_ms`/`p99_ms` are null, `tail_excess_ms` is the layer's seconds per second
+  of capture, in ms).
+- **Verdict** (`attach_verdict`): a pool or a lock workers wait in for at least
+  `MIN_VERDICT_SHARE` of their busy time is saturated itself, and named. Otherwise the workers
+  are **saturated** when idle less than `MAX_IDLE_SHARE` of their samples, or when a backlog
+  stood in at least `MIN_BACKLOG_SECONDS_SHARE` of the seconds: then `queue` (a backlog), or
+  `app` (workers mostly running Python), or `unattributed` (the cause is not visible from
+  outside). Workers waiting on the provider or on tools are doing their job: reported, never
+  blamed. Not saturated: no verdict, and the summary says where busy time goes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from latprof.engine import Finding, fingerprint, parse_doc_sections
+from latprof.events import StackSample
+from latprof.attach.wire import HELD_MS, Backends, LoopState, WireState, backends, loop_state, wire_state
+from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
+from latprof.report.model import LayerRow, Report, Verdict, WindowRow
+from latprof.collectors.attach.stacks import BUSY, IDLE, Classification, Frame, classify, event_loop_thread, has_frame
+from latprof.analysis.timeline import Timeline
+
+#: Workers idle less than this share of their samples are all busy.
+MAX_IDLE_SHARE = 0.1
+#: A backlog in at least this share of the seconds is a queue in front of the workers.
+MIN_BACKLOG_SECONDS_SHARE = 0.3
+#: The verdict layer holds at least this share of busy plus queue time.
+MIN_VERDICT_SHARE = 0.2
+#: Workers whose first window begins within this many seconds of the first sample were there from the start.
+STARTUP_S = 2
+
+#: Frames of a thread that serves a request (file suffix, function): the server's workers.
+SERVING_FRAMES = (
+    ("gunicorn/workers/sync.py", "handle_request"),
+    ("gunicorn/workers/gthread.py", "handle_request"),
+    ("anyio/_backends/_asyncio.py", "run"),  # WorkerThread.run: FastAPI/Starlette sync endpoints
+    ("uvicorn/protocols/http/h11_impl.py", "run_asgi"),
+    ("uvicorn/protocols/http/httptools_impl.py", "run_asgi"),
+    ("waitress/channel.py", "service"),
+)
+#: A frame of a thread pool's task: a helper thread, when not also a server's worker.
+TASK_FRAME = ("concurrent/futures/thread.py", "run")  # _WorkItem.run
+#: Idle signatures of request workers (other idle threads are housekeeping); a thread pool's idle
+#: thread counts only when the pool serves requests (gthread).
+WORKER_IDLE = frozenset({"gunicorn.sync_idle", "executor.idle", "anyio.worker_idle"})
+#: A worker waiting for work it handed to other threads: its time is theirs (they are sampled too).
+HANDOFF = frozenset({"future.result", "future.wait"})
+#: Event loops of a server's own housekeeping (not serving requests).
+HOUSEKEEPING_LOOPS = (("gunicorn/ctl/server.py", "_run_loop"),)
+#: How an event loop thread waits for events (stock asyncio's selector, uvloop's native epoll).
+LOOP_IDLE = frozenset({"asyncio.select", "wchan.epoll"})
+
+#: The rule whose id and fix a finding of each layer carries.
+_RULES = {
+    DB_POOL: "db-pool-exhaustion",
+    HTTP_POOL: "http-pool-exhaustion",
+    LOCK: "lock-contention",
+    QUEUE: "request-queueing",
+    RETRY: "retry-backoff",
+}
+
+
+@dataclass
+class AttachAnalysis:
+    timeline: Timeline
+    rate_hz: float
+    seconds: float
+    workers: int
+    busy_s: dict[str, float]  # thread-seconds per layer (UNATTRIBUTED for unknown waits)
+    idle_s: float
+    queue_s: float
+    signatures: dict[str, Counter[str]]  # layer -> signature -> samples
+    hot_frames: dict[str, Counter[str]]  # layer -> innermost app frame -> samples
+    backlog: dict[str, float] = field(default_factory=dict)
+    connections: dict[str, int] = field(default_factory=dict)
+    saturated: bool = False
+    backlog_seconds_share: float = 0.0
+    #: per second of the capture: busy workers, their top layer, accept queue, accepted connections
+    seconds_rows: list[dict[str, Any]] = field(default_factory=list)
+    #: event loop threads among the workers (an asyncio server), their state, the socket census,
+    #: the database's view of the target's backends (`latprof.attach.wire`)
+    loop: LoopState | None = None
+    wire: WireState | None = None
+    backends: Backends | None = None
+    #: what held the loop: the classification of its busy samples (layer, or signature when none)
+    held_by: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def asyncio(self) -> bool:
+        """An asyncio server seen by its socket census: its layers are request time on the wire."""
+        return self.loop is not None and self.wire is not None
+
+    def _time(self, layer: str) -> float:
+        if self.asyncio:
+            assert self.wire is not None
+            return self.wire.request_s.get(layer, 0.0)
+        return self.queue_s if layer == QUEUE else self.busy_s.get(layer, 0.0)
+
+    @property
+    def total_s(self) -> float:
+        if self.asyncio:
+            assert self.wire is not None
+            return sum(self.wire.request_s.values())
+        return sum(self.busy_s.values()) + self.queue_s
+
+    def share(self, layer: str) -> float:
+        total = self.total_s
+        return self._time(layer) / total if total > 0 else 0.0
+
+    @property
+    def idle_share(self) -> float | None:
+        seen = sum(self.busy_s.values()) + self.idle_s
+        return self.idle_s / seen if seen > 0 else None
+
+
+def _serving(frames: Iterable[Any]) -> bool:
+    return has_frame(frames, SERVING_FRAMES)
+
+
+def _classified(sample: StackSample) -> Classification:
+    frames = [Frame(f.function, f.filename) for f in sample.frames]
+    return classify(frames, wchan=sample.wchan, active=sample.active if sample.wchan is None else None)
+
+
+#: Top-level packages that are libraries, not the service (besides the standard library).
+LIBRARIES = frozenset({
+    "sqlalchemy", "psycopg", "psycopg2", "psycopg_pool", "asyncpg", "redis", "httpx", "httpx2", "httpcore",
+    "httpcore2", "h11", "anyio", "openai", "anthropic", "gunicorn", "flask", "werkzeug", "starlette", "fastapi",
+    "uvicorn", "aiohttp", "tenacity", "backoff", "urllib3", "requests", "pydantic", "jinja2", "click", "latprof",
+})
+
+
+def _library(filename: str) -> bool:
+    import sys
+
+    top = filename.lstrip("/").split("/", 1)[0].removesuffix(".py")
+    if "site-packages/" in filename or "dist-packages/" in filename:
+        top = filename.split("-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    elif filename.startswith("/"):
+        return "/lib/python" in filename and "-packages/" not in filename  # the standard library by path
+    return top in LIBRARIES or top in sys.stdlib_module_names or top.startswith("<")
+
+
+def _app_frame(sample: StackSample) -> str:
+    """The innermost frame of the service's own code (not a library's), where it was."""
+    for f in sample.frames:
+        if not _library(f.filename):
+            return f"{f.function} ({f.filename})"
+    return f"{sample.frames[0].function} ({sample.frames[0].filename})" if sample.frames else "?"
+
+
+def analyze_attach(timeline: Timeline) -> AttachAnalysis:
+    header = next((h for h in timeline.headers if h.get("source") == "attach"), {})
+    rate = float(header.get("rate_hz") or 100)
+    samples = timeline.samples
+    by_thread: dict[tuple[int, int], list[tuple[StackSample, Classification]]] = {}
+    for s in samples:
+        by_thread.setdefault((s.pid, s.tid), []).append((s, _classified(s)))
+    # The server's workers: seen serving a request, or idle the way a server's worker waits.
+    workers = {
+        key for key, seen in by_thread.items()
+        if any((c.state == BUSY and _serving(s.frames)) or c.signature in ("gunicorn.sync_idle", "anyio.worker_idle")
+               for s, c in seen)
+    }  # fmt: skip
+    # Helpers: threads of a pool the workers hand tasks to (a fan-out); their busy time counts,
+    # their idle time does not.
+    helpers = {
+        key for key, seen in by_thread.items()
+        if key not in workers and any(c.state == BUSY and has_frame(s.frames, (TASK_FRAME,)) for s, c in seen)
+    }  # fmt: skip
+    # Event loop threads serve requests too (an asyncio server), busy or not; what runs on them holds the loop.
+    loops = {
+        key for key, seen in by_thread.items()
+        if any(event_loop_thread(s.frames) for s, _ in seen) and not any(has_frame(s.frames, HOUSEKEEPING_LOOPS) for s, _ in seen)
+    }  # fmt: skip
+    workers |= loops
+    if not workers:  # an unknown server: every thread that worked
+        workers = {key for key, seen in by_thread.items() if any(c.state == BUSY for _, c in seen)} - helpers
+    busy: Counter[str] = Counter()
+    idle = 0
+    signatures: dict[str, Counter[str]] = {}
+    hot: dict[str, Counter[str]] = {}
+    second_busy: dict[int, Counter[tuple[int, int]]] = {}  # second -> worker -> busy samples
+    second_seen: dict[tuple[int, int], Counter[int]] = {}  # worker -> second -> samples (busy or idle)
+    second_layers: dict[int, Counter[str]] = {}
+    held_by: Counter[str] = Counter()
+    for key in workers | helpers:
+        helper = key in helpers
+        loop = key in loops
+        for s, c in by_thread[key]:
+            if not helper:
+                second_seen.setdefault(key, Counter())[s.ts_ns // 1_000_000_000] += s.weight
+            if c.state == IDLE:
+                if not helper and (c.signature in WORKER_IDLE or (loop and c.signature in LOOP_IDLE)):
+                    idle += s.weight
+                continue
+            if c.signature in HANDOFF:  # waiting for a task another sampled thread runs
+                continue
+            layer = c.layer or UNATTRIBUTED
+            if loop:  # whatever runs on the loop's thread holds the loop: every other request waits
+                held_by[c.layer or c.signature] += s.weight
+                layer = EVENT_LOOP
+            busy[layer] += s.weight
+            signatures.setdefault(layer, Counter())[c.signature] += s.weight
+            hot.setdefault(layer, Counter())[_app_frame(s)] += s.weight
+            second = s.ts_ns // 1_000_000_000
+            second_layers.setdefault(second, Counter())[layer] += s.weight
+            if not helper:
+                second_busy.setdefault(second, Counter())[key] += s.weight
+    starts = [s.ts_ns for s in samples]
+    seconds = max(1.0, (max(starts) - min(starts)) / 1e9 + 1.0) if starts else 0.0
+
+    depth = [g.value for g in timeline.gauges.get("accept.queue_depth", ())]
+    accepted = [g.value for g in timeline.gauges.get("accept.rate", ())]
+    mean_backlog = sum(depth) / len(depth) if depth else 0.0
+    queue_s = mean_backlog * seconds
+    backlog: dict[str, float] = {}
+    if depth:
+        backlog = {"mean_accept_queue": round(mean_backlog, 3), "peak_accept_queue": max(depth)}
+        rate_accept = sum(accepted) / len(accepted) if accepted else 0.0
+        backlog["accept_rate_per_s"] = round(rate_accept, 2)
+        if rate_accept > 0:
+            backlog["mean_backlog_wait_ms"] = round(mean_backlog / rate_accept * 1000, 1)
+    backlog_seconds = {g.ts_ns // 1_000_000_000 for g in timeline.gauges.get("accept.queue_depth", ()) if g.value > 0}
+    all_seconds = {g.ts_ns // 1_000_000_000 for g in timeline.gauges.get("accept.queue_depth", ())}
+    connections: dict[str, int] = {}
+    for g in timeline.gauges.get("connections.established", ()):
+        where = f"{g.attrs.get('server.address')}:{g.attrs.get('server.port')}"
+        connections[where] = max(connections.get(where, 0), int(g.value))
+
+    aa = AttachAnalysis(
+        timeline, rate, seconds, len(workers), {k: v / rate for k, v in busy.items()}, idle / rate, queue_s,
+        signatures, hot, backlog, connections,
+    )  # fmt: skip
+    aa.backlog_seconds_share = len(backlog_seconds) / len(all_seconds) if all_seconds else 0.0
+    aa.held_by = held_by
+    if loops:
+        aa.loop = loop_state(timeline, len(loops), seconds)
+        # a threaded server beside the loop (sync endpoints in worker threads) keeps the stack-based view
+        threaded = any(c.state == BUSY for key in workers - loops for _, c in by_thread[key])
+        aa.wire = None if threaded else wire_state(timeline, aa.loop)
+    aa.backends = backends(timeline)
+    queue_by_second: dict[int, list[float]] = {}
+    for g in timeline.gauges.get("accept.queue_depth", ()):
+        queue_by_second.setdefault(g.ts_ns // 1_000_000_000, []).append(g.value)
+    accepted_by_second: dict[int, float] = {}
+    for g in timeline.gauges.get("accept.rate", ()):
+        second = g.ts_ns // 1_000_000_000
+        accepted_by_second[second] = accepted_by_second.get(second, 0.0) + g.value
+    # A process's windows are about 1.2 s apart: a second in which a worker's process began no
+    # window is covered by its previous window, whose state carries over.
+    busy_in: dict[tuple[int, int], dict[int, bool]] = {}
+    final = max(second_layers, default=0)
+    for key, seen in second_seen.items():
+        state: dict[int, bool] = {}
+        last: bool | None = None
+        last_second = 0
+        for second in range(min(seen), final + 1):
+            if seen.get(second):
+                last, last_second = second_busy.get(second, Counter())[key] >= seen[second] / 2, second
+            if last is not None and second - last_second <= 1:  # a window covers about the next second too
+                state[second] = last
+        busy_in[key] = state
+    # py-spy starts one recorder per process, so on a loaded machine a worker's first window can
+    # begin a second after the others': until every worker there at the start has been sampled,
+    # the number of busy workers is unknown (None), not a count of those seen so far.
+    firsts = [min(seen) for seen in second_seen.values() if seen]
+    counted_from = max((f for f in firsts if f <= min(firsts) + STARTUP_S), default=0) if firsts else 0
+    for second in sorted(second_layers):  # the seconds sampled
+        layers_now = second_layers.get(second, Counter())
+        depth_now = queue_by_second.get(second)
+        aa.seconds_rows.append({
+            "second": second,
+            # a worker is busy in a second when at least half of its samples then were busy
+            "busy_workers": sum(1 for state in busy_in.values() if state.get(second)) if second >= counted_from else None,
+            "top_layer": layers_now.most_common(1)[0][0] if layers_now else None,
+            "accept_queue": round(sum(depth_now) / len(depth_now), 2) if depth_now else None,
+            "accepted": accepted_by_second.get(second),
+        })  # fmt: skip
+    idle_share = aa.idle_share
+    aa.saturated = bool(
+        (idle_share is not None and idle_share < MAX_IDLE_SHARE and sum(busy.values()) > 0)
+        or aa.backlog_seconds_share >= MIN_BACKLOG_SECONDS_SHARE
+    )
+    return aa
+
+
+def _fix(rule_id: str) -> str:
+    from latprof.engine import discover_rules
+
+    for cls in discover_rules():
+        if cls.id == rule_id:
+            return " ".join(parse_doc_sections(cls.__doc__ or "").get("How to fix", "").split())
+    return ""
+
+
+def _per_second_ms(aa: AttachAnalysis, layer: str) -> float:
+    """The layer's time per second of the capture, in ms (busy worker threads in it, or waiting connections, x 1000)."""
+    return aa._time(layer) / aa.seconds * 1000 if aa.seconds else 0.0
+
+
+def attach_findings(aa: AttachAnalysis) -> list[Finding]:
+    """Attach mode's findings: impact_ms is the layer's time per second of the capture."""
+    findings = []
+    # an asyncio server's layers are request time on the wire: its findings are the loop's and the census's
+    for layer in () if aa.asyncio else (*_RULES, APP):
+        share = aa.share(layer)
+        if share < MIN_VERDICT_SHARE and (layer == QUEUE or busy_share(aa, layer) < MIN_VERDICT_SHARE):
+            continue
+        rule_id = _RULES.get(layer, "cpu-bound")
+        evidence: dict[str, Any] = {
+            "share_of_busy_and_queue_time": round(share, 4),
+            "workers": aa.workers,
+            "idle_share": None if aa.idle_share is None else round(aa.idle_share, 4),
+        }
+        if layer != QUEUE:
+            evidence.update({
+                "share_of_busy_time": round(busy_share(aa, layer), 4),
+                "samples": round(aa.busy_s.get(layer, 0.0) * aa.rate_hz),
+                "signatures": dict(aa.signatures.get(layer, Counter()).most_common(5)),
+                "hot_frames": dict(aa.hot_frames.get(layer, Counter()).most_common(3)),
+                "source": "stack samples",
+            })  # fmt: skip
+        if layer == QUEUE:
+            evidence.update(aa.backlog)
+            evidence["seconds_with_backlog_share"] = round(aa.backlog_seconds_share, 3)
+        if layer in (DB_POOL, HTTP_POOL) and aa.connections:
+            evidence["connections_established_peak"] = dict(aa.connections)
+        what = {
+            DB_POOL: "waiting to check a database connection out of a pool",
+            HTTP_POOL: "waiting for a free connection of an HTTP client pool",
+            LOCK: "blocked on locks",
+            QUEUE: "queued in the accept backlog before any worker took them",
+            RETRY: "sleeping in retry backoff",
+            APP: "running the service's own Python code on the CPU",
+        }[layer]
+        summary = f"{share:.0%} of busy worker time plus queue time was spent {what}"
+        if layer == QUEUE and "mean_backlog_wait_ms" in aa.backlog:
+            summary += f" (mean accept queue {aa.backlog['mean_accept_queue']:g}, about {aa.backlog['mean_backlog_wait_ms']:g} ms per connection)"
+        top = aa.hot_frames.get(layer)
+        if top and layer != QUEUE:
+            summary += f"; mostly at {top.most_common(1)[0][0]}"
+        fix = _fix(rule_id) if layer != APP else (
+            "Find the hot code in the evidence's frames and make it cheaper, move CPU-heavy work off the request"
+            " path (a task queue, a process pool), or add worker processes: threads share one GIL."
+        )
+        findings.append(Finding(
+            rule_id, layer, "critical" if share >= 0.5 else "warning", round(min(1.0, share * 2), 3),
+            round(_per_second_ms(aa, layer), 1), summary + ".", evidence, fix, fingerprint(rule_id, layer, "attach"),
+        ))  # fmt: skip
+    findings += _loop_findings(aa) + _wire_findings(aa)
+    findings.sort(key=lambda f: -f.impact_ms)
+    return findings
+
+
+def _loop_findings(aa: AttachAnalysis) -> list[Finding]:
+    """A held event loop: its busy share, blocked intervals and the stacks that held it."""
+    loop = aa.loop
+    if loop is None or not loop.held:
+        return []
+    evidence: dict[str, Any] = {
+        **loop.evidence(),
+        "held_by": dict(aa.held_by.most_common(5)),
+        "signatures": dict(aa.signatures.get(EVENT_LOOP, Counter()).most_common(5)),
+        "hot_frames": dict(aa.hot_frames.get(EVENT_LOOP, Counter()).most_common(3)),
+        "samples": round(aa.busy_s.get(EVENT_LOOP, 0.0) * aa.rate_hz),
+        "source": "wait channels and stack samples of the loop thread",
+    }
+    if aa.wire is not None:
+        evidence["requests_in_flight_mean"] = round(aa.wire.in_flight_mean, 2)
+    busy = loop.busy_share or 0.0
+    summary = f"The event loop was held {busy:.0%} of the time"
+    if loop.blocked_ms:
+        summary += (f", {len(loop.blocked_ms)} times for 100 ms or more without a pause for events"
+                    f" (longest {max(loop.blocked_ms):.0f} ms)")  # fmt: skip
+    top = aa.hot_frames.get(EVENT_LOOP)
+    if top:
+        what = aa.held_by.most_common(1)[0][0] if aa.held_by else ""
+        summary += f", mostly at {top.most_common(1)[0][0]}" + (f" ({_held_words(what)})" if what else "")
+    summary += "; every other request on the loop waited meanwhile"
+    share = aa.share(EVENT_LOOP) if aa.asyncio else busy
+    return [Finding(
+        "event-loop-blocked", EVENT_LOOP, "critical" if busy >= 0.5 else "warning", round(min(1.0, max(busy, loop.blocked_share * 5)), 3),
+        round(busy * 1000, 1), summary + ".", {**evidence, "share_of_request_time": round(share, 4)}, _fix("event-loop-blocked"),
+        fingerprint("event-loop-blocked", EVENT_LOOP, "attach"),
+    )]  # fmt: skip
+
+
+def _held_words(what: str) -> str:
+    return {
+        APP: "running Python on the CPU", "wchan.sleep": "a blocking sleep", "wchan.socket": "blocking socket I/O",
+        LOCK: "a blocking lock", "db.query": "a blocking database call", "waiting": "a blocking call",
+    }.get(what, what)  # fmt: skip
+
+
+def _wire_findings(aa: AttachAnalysis) -> list[Finding]:
+    """Requests of an asyncio service waiting beyond a stable ceiling of DB connections (census),
+    with the database's view of those connections when `--db` was given."""
+    wire, pg = aa.wire, aa.backends
+    if wire is None or not wire.pool_inferred or (aa.loop is not None and aa.loop.held):
+        return []
+    db = ", ".join(f"{e.address}:{e.port}" for e in wire.db_endpoints())
+    elsewhere = wire.outstanding_mean()
+    summary = (
+        f"{wire.in_flight_mean:.0f} requests were in flight on average but the service kept a stable ceiling of"
+        f" {wire.db_ceiling} connections to {db} ({wire.db_ceiling_share:.0%} of the seconds at it), {elsewhere:.1f}"
+        f" were awaiting other endpoints and {wire.at_db_mean():.1f} the database: about {wire.waiting_mean:.0f} waited inside the process on nothing the wire shows, most likely for"
+        " one of those connections"
+    )  # fmt: skip
+    evidence: dict[str, Any] = {**wire.evidence(), "inferred": True, "share_of_request_time": round(aa.share(DB_POOL), 4)}
+    confidence = 0.5
+    if pg is not None and pg.readings:
+        evidence["pg_stat_activity"] = pg.evidence()
+        if pg.held_share >= 0.5:
+            confidence = 0.8
+            top_state = pg.states.most_common(1)[0][0]
+            summary += (
+                f"; pg_stat_activity shows those connections {top_state} {pg.states[top_state] / pg.readings:.0%} of the"
+                f" time (median {pg.evidence()['idle_age_ms_p50']:g} ms since their last statement): they are held across"
+                " something else, often the LLM call, while other requests wait for them"
+            )  # fmt: skip
+        else:
+            summary += f"; pg_stat_activity shows them busy ({pg.held_share:.0%} of readings idle for {HELD_MS:g} ms or more)"
+    else:
+        summary += " (inferred from the sockets; `--db DSN` reads the connections' state in pg_stat_activity)"
+    return [Finding(
+        "db-pool-exhaustion", DB_POOL, "critical" if aa.share(DB_POOL) >= 0.5 else "warning", confidence,
+        round(_per_second_ms(aa, DB_POOL), 1), summary + ".", evidence, _fix("db-pool-exhaustion"),
+        fingerprint("db-pool-exhaustion", DB_POOL, "attach"),
+    )]  # fmt: skip
+
+
+def _async_verdict(aa: AttachAnalysis, findings: list[Finding], where: str) -> Verdict | None:
+    """An asyncio server's verdict (None: decide as for a threaded one): a held loop, a pool the
+    census (and pg_stat_activity) points at, requests waiting on nothing visible (unattributed),
+    or null."""
+    if aa.loop is None:
+        return None
+    held = next((f for f in findings if f.layer == EVENT_LOOP), None)
+    if held is not None:
+        return Verdict(EVENT_LOOP, held.rule, round(aa.share(EVENT_LOOP), 4) if aa.asyncio else None, held.confidence,
+                       held.summary, "layer")  # fmt: skip
+    wire = aa.wire
+    if wire is None:  # no census (or a threaded server beside the loop): the stack-based view decides
+        return None
+    pool = next((f for f in findings if f.layer == DB_POOL), None)
+    if pool is not None:
+        return Verdict(DB_POOL, pool.rule, round(aa.share(DB_POOL), 4), pool.confidence, pool.summary, "layer")
+    total = sum(wire.in_flight.values())
+    if wire.saturated:
+        return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
+                       f"{wire.in_flight_mean:.0f} requests were in flight on average and about {wire.waiting_mean:.0f} of"
+                       f" them (waiting {wire.in_flight_age_ms:.0f} ms so far, the median) waited inside the process on nothing visible from outside (not the loop, which was free,"
+                       " and not a stable ceiling of DB connections): an asyncio service's suspended tasks leave no"
+                       " stack. Run it under `latprof run` so in-process hooks time each request's pool waits, locks and"
+                       f" calls. Request time: {where}.", "unattributed")  # fmt: skip
+    return Verdict(None, None, None, 1.0 if total else 0.0,
+                   f"Not saturated: the event loop was free {1 - (aa.loop.busy_share or 0):.0%} of the time and"
+                   f" {wire.in_flight_mean:.1f} requests were in flight on average, waiting on the wire"
+                   f" ({wire.outstanding_mean():.1f} at outbound endpoints); request time went to {where}.",
+                   "no_tail")  # fmt: skip
+
+
+#: Layers in which busy workers wait for something the service itself limits: when one of them
+#: takes a large share of busy time, it is why requests queue (the backlog is its consequence).
+WAITING = (DB_POOL, HTTP_POOL, LOCK, RETRY)
+
+
+def busy_share(aa: AttachAnalysis, layer: str) -> float:
+    busy = sum(aa.busy_s.values())
+    return aa.busy_s.get(layer, 0.0) / busy if busy > 0 else 0.0
+
+
+def attach_verdict(aa: AttachAnalysis, findings: list[Finding]) -> Verdict:
+    """report-v1 attach mode: the layer that saturates the service, or null, or unattributed.
+
+    A waiting layer (`WAITING`) holding at least `MIN_VERDICT_SHARE` of busy worker time is
+    the verdict whether or not every worker was busy: the pool or lock behind it is what is
+    saturated (and a backlog in front of workers waiting for it is its doing). Otherwise, when
+    the workers are saturated: `queue` when a backlog stood, else `app` when workers mostly ran
+    Python, else `unattributed` (the cause is not visible); not saturated: null.
+    """
+    ranked = sorted(((aa.share(layer), layer) for layer in LAYERS if aa.share(layer) > 0), reverse=True)
+    where = ", ".join(f"{layer} {share:.0%}" for share, layer in ranked[:3]) or "nothing was sampled"
+    waiting = max(((busy_share(aa, layer), layer) for layer in WAITING), default=(0.0, ""))
+    if waiting[0] < MIN_VERDICT_SHARE:  # no pool or lock that sync workers wait in: an asyncio server decides its own way
+        decided = _async_verdict(aa, findings, where)
+        if decided is not None:
+            return decided
+    layer = None
+    if waiting[0] >= MIN_VERDICT_SHARE:  # workers queue for a pool or a lock: that resource is saturated
+        layer = waiting[1]
+    elif not aa.saturated:
+        return Verdict(None, None, None, 1.0 if ranked else 0.0,
+                       f"Not saturated: workers were idle {aa.idle_share or 0:.0%} of the time and no backlog stood;"
+                       f" busy time went to {where}.", "no_tail")  # fmt: skip
+    elif aa.backlog_seconds_share >= MIN_BACKLOG_SECONDS_SHARE and aa.share(QUEUE) > 0:
+        layer = QUEUE
+    elif busy_share(aa, APP) >= 0.5:
+        layer = APP
+    elif aa.busy_s and max(aa.busy_s, key=lambda k: aa.busy_s[k]) != UNATTRIBUTED:
+        top = max(aa.busy_s, key=lambda k: aa.busy_s[k])
+        return Verdict(None, None, None, 0.5,
+                       f"Every worker was busy, mostly in {top} ({busy_share(aa, top):.0%} of busy time), with no backlog"
+                       f" and no pool or lock wait: the service is at its capacity doing its job; add workers, or make"
+                       f" the handlers async so a worker is not tied up while it waits. Busy time: {where}.",
+                       "no_tail")  # fmt: skip
+    if layer is None:
+        return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
+                       f"Saturated, but the cause is not visible from outside (busy time: {where}); run the service"
+                       " under `latprof run` so in-process hooks time each request.", "unattributed")  # fmt: skip
+    finding = next((f for f in findings if f.layer == layer), None)
+    summary = f"Saturated: {layer} holds {aa.share(layer):.0%} of busy worker time plus queue time"
+    if finding is not None:
+        summary = finding.summary.rstrip(".")
+    if layer != QUEUE and aa.share(QUEUE) > 0.05:
+        summary += f"; requests also queued in the accept backlog meanwhile ({aa.share(QUEUE):.0%}), behind the workers it held"
+    confidence = busy_share(aa, layer) if layer in (*WAITING, APP) else aa.share(layer)
+    return Verdict(layer, finding.rule if finding else None, round(aa.share(layer), 4), round(confidence, 3), summary + ".", "layer")
+
+
+def build_attach_report(aa: AttachAnalysis, findings: list[Finding]) -> Report:
+    timeline = aa.timeline
+    starts = [s.ts_ns for s in timeline.samples]
+    pids = sorted({s.pid for s in timeline.samples})
+    header = next((h for h in timeline.headers if h.get("source") == "attach"), {})
+    layers = [
+        LayerRow(layer, None, None, None, round(_per_second_ms(aa, layer), 3), round(aa.share(layer), 4))
+        for layer in LAYERS if aa.share(layer) > 0
+    ]  # fmt: skip
+    layers.sort(key=lambda r: -r.share_of_tail_excess)
+    covered = aa.total_s - aa._time(UNATTRIBUTED)
+    extra: dict[str, Any] = {}
+    if aa.loop is not None:
+        extra["event_loop"] = {**aa.loop.evidence(), "held_by": dict(aa.held_by.most_common(5))}
+    if aa.wire is not None:
+        extra["census"] = aa.wire.evidence()
+    if aa.backends is not None:
+        extra["db_backends"] = aa.backends.evidence()
+
+    def second_extra(row: dict[str, Any]) -> dict[str, Any]:
+        more = {"workers": aa.workers, "busy_workers": row["busy_workers"], "top_layer": row["top_layer"],
+                "accept_queue": row["accept_queue"]}  # fmt: skip
+        if aa.loop is not None:
+            more["loop_busy_share"] = aa.loop.busy_by_second.get(row["second"])
+        if aa.wire is not None:
+            more["requests_in_flight"] = aa.wire.in_flight.get(row["second"])
+        return more
+
+    return Report(
+        source={"kind": "attach", "inputs": list(timeline.inputs), "pid": header.get("target_pid"), "pids": pids},
+        window={
+            "start_unix_s": min(starts) / 1e9 if starts else None,
+            "end_unix_s": max(starts) / 1e9 + 1 if starts else None,
+            "requests": None,
+        },
+        latency_ms=None,
+        layers=layers,
+        verdict=attach_verdict(aa, findings),
+        findings=findings,
+        p99_over_time=[
+            WindowRow(float(row["second"]), None if row["accepted"] is None else int(row["accepted"]), None, second_extra(row))
+            for row in aa.seconds_rows
+        ],  # fmt: skip
+        window_s=1.0,
+        collection={
+            "collectors": timeline.collectors,
+            "coverage": round(covered / aa.total_s, 4) if aa.total_s else None,
+            "idle_share": None if aa.idle_share is None else round(aa.idle_share, 4),
+            "warmup_requests_skipped": 0,
+            "samples": sum(s.weight for s in timeline.samples),
+            "workers": aa.workers,
+            "overhead": {"cpu_percent": None, "added_ms_per_request": None},
+            "warnings": [q.message for q in timeline.quality if q.kind == "warning"],
+            **extra,
+        },
+    )
+
+
+def diagnose_attach(timeline: Timeline) -> Report:
+    aa = analyze_attach(timeline)
+    return build_attach_report(aa, attach_findings(aa))

@@ -1,0 +1,1 @@
+"""The report: verdict, layer table and findings (report-v1), the rule catalogue, and the renderers."""

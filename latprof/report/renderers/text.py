@@ -1,0 +1,204 @@
+"""The terminal renderer: the verdict first, then layers, findings, p99 over time and what was seen."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from rich.console import Console, Group
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from latprof.engine import Finding, fmt_ms
+from latprof.layers import DESCRIPTIONS
+from latprof.report.renderers import register
+from latprof.report.model import Report
+
+_SPARKS = "▁▂▃▄▅▆▇█"
+# How each verdict branch is labelled ("" = the layer's name).
+_VERDICT_LABELS = {
+    "layer": ("", "bold red"),
+    "unattributed": ("unattributed", "bold magenta"),
+    "no_tail": ("no tail", "bold green"),
+    "too_few_requests": ("no verdict", "bold yellow"),
+}
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+_BAR_WIDTH = 20
+# Below this console width the layer table leaves out the column that explains each layer.
+_DESCRIBE_FROM_WIDTH = 120
+
+
+@register("text")
+def render_text(report: Report, out: TextIO) -> None:
+    console = Console(file=out, highlight=False, soft_wrap=False)
+    print_report(report, console)
+
+
+def print_report(report: Report, console: Console) -> None:
+    """Print the report to a rich console (tests pass one with a fixed width)."""
+    console.print(_header(report))
+    console.print()
+    console.print(_verdict(report))
+    if report.layers:
+        console.print()
+        console.print(_layer_table(report, console.width))
+    if report.findings:
+        console.print()
+        console.print(Text("Findings", style="bold"))
+        for finding in report.findings:
+            console.print(_finding(finding, report.source.get("kind") == "attach"))
+    spark = _sparkline(report)
+    if spark is not None:
+        console.print()
+        console.print(spark)
+    console.print()
+    console.print(_collection(report))
+
+
+def _header(report: Report) -> Text:
+    source = report.source
+    inputs = ", ".join(source.get("inputs") or []) or "-"
+    text = Text()
+    text.append("latprof", style="bold")
+    text.append(f"  {source['kind']}: {inputs}")
+    window = report.window
+    if window.get("requests") is not None and window.get("start_unix_s") is not None:
+        span = window["end_unix_s"] - window["start_unix_s"]
+        recorded = report.collection.get("recorded_requests")
+        if isinstance(recorded, int) and recorded != window["requests"]:
+            text.append(f"\n~{window['requests']:,} requests ({recorded:,} recorded) over {span:,.0f} s")
+        else:
+            text.append(f"\n{window['requests']:,} requests over {span:,.0f} s")
+    lat = report.latency_ms
+    if lat:
+        text.append(
+            f"   p50 {fmt_ms(lat['p50'])} · p90 {fmt_ms(lat['p90'])} · p99 {fmt_ms(lat['p99'])} · max {fmt_ms(lat['max'])}"
+        )
+    return text
+
+
+def _verdict(report: Report) -> Table:
+    verdict = report.verdict
+    label, style = _VERDICT_LABELS.get(verdict.status, (verdict.layer or "", "bold"))
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    details = [f"confidence {verdict.confidence:.2f}"]
+    if verdict.rule:
+        details.append(f"rule {verdict.rule}")
+    summary = Text(verdict.summary)
+    summary.append(f"\n({', '.join(details)})", style="dim")
+    grid.add_row(Text(f"VERDICT  {label or verdict.layer}", style=style), summary)
+    return grid
+
+
+def _layer_table(report: Report, width: int) -> Table:
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    table.add_column("layer", no_wrap=True, min_width=12)
+    attach = report.source.get("kind") == "attach"  # time per second of the capture, over busy workers and the backlog
+    for name in ("p50", "p99", "per second" if attach else "tail excess", "share"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=max(7, len(name)))
+    table.add_column("", no_wrap=True, min_width=_BAR_WIDTH)
+    described = width >= _DESCRIBE_FROM_WIDTH
+    if described:
+        table.add_column("what it is", style="dim", overflow="ellipsis", no_wrap=True)
+    for row in report.layers:
+        share = row.share_of_tail_excess
+        bar = "█" * round(share * _BAR_WIDTH)
+        style = "bold red" if report.verdict.layer == row.layer else None
+        cells: list[Any] = [
+            Text(row.layer, style=style or ""),
+            _ms(row.p50_ms),
+            _ms(row.p99_ms),
+            _ms(row.tail_excess_ms) if row.tail_excess_ms > 0 else "-",
+            f"{share:.0%}" if share > 0 else "-",
+            Text(bar, style=style or "blue"),
+        ]
+        if described:
+            cells.append(DESCRIPTIONS.get(row.layer, ""))
+        table.add_row(*cells)
+    return table
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else fmt_ms(value)
+
+
+def _finding(finding: Finding, per_second: bool = False) -> Group:
+    head = Text()
+    head.append(f"● {finding.severity:<8}", style=_SEVERITY_STYLE.get(finding.severity, ""))
+    head.append(f" {finding.rule}", style="bold")
+    if finding.layer:
+        head.append(f"  {finding.layer}")
+    if finding.impact_ms > 0:
+        head.append(f"  impact {fmt_ms(finding.impact_ms)}" + ("/s" if per_second else ""))
+    head.append(f"  confidence {finding.confidence:.2f}", style="dim")
+    evidence = Text("evidence: ", style="dim")
+    evidence.append(" · ".join(f"{k} {_value(v)}" for k, v in finding.evidence.items()), style="dim")
+    fix = Text("fix: ", style="green")
+    fix.append(finding.fix)
+    return Group(head, *(Padding(part, (0, 0, 0, 2)) for part in (Text(finding.summary), evidence, fix)))
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value[:5]) + (", ..." if len(value) > 5 else "")
+    return str(value)
+
+
+def _sparkline(report: Report) -> Text | None:
+    if report.source.get("kind") == "attach":
+        return _attach_seconds(report)
+    points = [w.p99_ms for w in report.p99_over_time]
+    values = [p for p in points if p is not None]
+    if len(values) < 2:
+        return None
+    low, high = min(values), max(values)
+    span = high - low or 1.0
+    chars = "".join(" " if p is None else _SPARKS[min(7, int((p - low) / span * 7.999))] for p in points)
+    text = Text(f"p99 over time ({report.window_s:g} s windows)  ", style="bold")
+    text.append(f"{fmt_ms(low)} ")
+    text.append(chars, style="blue")
+    text.append(f" {fmt_ms(high)}")
+    return text
+
+
+def _attach_seconds(report: Report) -> Text | None:
+    """Attach mode: per second, how many workers were busy and in which layer most were."""
+    rows = [w.extra for w in report.p99_over_time if w.extra]
+    if len(rows) < 2:
+        return None
+    if any(row.get("requests_in_flight") is not None for row in rows):  # an asyncio server: the loop and the wire
+        text = Text("per second (requests in flight, event loop busy, accept queue)\n", style="bold")
+        for i, row in enumerate(rows):
+            flight, busy, queue = row.get("requests_in_flight"), row.get("loop_busy_share"), row.get("accept_queue")
+            text.append(f"  {i:>3}s  in flight {'-' if flight is None else f'{flight:.1f}':>5}"
+                        f"  loop {'-' if busy is None else f'{busy:.0%}':>4}"
+                        + (f"  queue {queue:g}" if queue is not None else "") + "\n")  # fmt: skip
+        return text
+    text = Text("per second (busy workers/workers, top layer, accept queue)\n", style="bold")
+    for i, row in enumerate(rows):
+        queue = row.get("accept_queue")
+        busy = row.get("busy_workers")
+        text.append(f"  {i:>3}s  {'?' if busy is None else busy}/{row.get('workers')}  {row.get('top_layer') or '-':<13}"
+                    + (f"  queue {queue:g}" if queue is not None else "") + "\n")  # fmt: skip
+    return text
+
+
+def _collection(report: Report) -> Text:
+    c = report.collection
+    parts = [f"collectors: {', '.join(c['collectors']) or 'none reported'}"]
+    if c.get("coverage") is not None:
+        parts.append(f"coverage {c['coverage']:.0%}")
+    if c.get("warmup_requests_skipped"):
+        parts.append(f"{c['warmup_requests_skipped']} warm-up requests skipped")
+    overhead = c.get("overhead") or {}
+    if overhead.get("cpu_percent") is not None:
+        parts.append(f"overhead {overhead['cpu_percent']:g}% CPU")
+    text = Text("What latprof could see: ", style="bold")
+    text.append(" · ".join(parts))
+    for warning in c.get("warnings") or []:
+        text.append(f"\n  warning: {warning}", style="yellow")
+    return text
