@@ -24,10 +24,10 @@ def hooks_legacy(session: nox.Session) -> None:
         " '- redis', redis.__version__)",
     )
     session.run(
-        "python", "-m", "pytest", "tests/hooks", "tests/attach/test_signatures.py",  # stack signatures per library line
+        "python", "-m", "pytest", "tests/collectors/hooks", "tests/collectors/attach/test_signatures.py",  # stack signatures per library line
         "tests/attach/test_attach_async_e2e.py",  # asyncio attach: openai 2.x, SQLAlchemy 2.0 and asyncpg 0.29 in the service
-        "tests/otlp",  # stock OpenTelemetry traces: openai 2.x runs on httpx, so its LLM calls are httpx client spans
+        "tests/collectors/traces",  # stock OpenTelemetry traces: openai 2.x runs on httpx, so its LLM calls are httpx client spans
         # the OpenAI Agents SDK runs on openai 3.x only: its test is the README command's
-        "--deselect", "tests/hooks/test_agent_tools_hook.py::test_agents_sdk_function_tools_run_in_parallel_with_their_call_ids",
+        "--deselect", "tests/collectors/hooks/test_agent_tools_hook.py::test_agents_sdk_function_tools_run_in_parallel_with_their_call_ids",
         *session.posargs, env={"LATPROF_FORBID_SKIPS": "1"},
     )  # fmt: skip

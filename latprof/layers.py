@@ -17,7 +17,7 @@ LOCK: Final = "lock"
 APP: Final = "app"
 UNATTRIBUTED: Final = "unattributed"
 
-#: Every layer, in the order reports list them. The vocabulary is closed (spec/report-v1.md).
+#: Every layer, in the order reports list them. The vocabulary is closed (docs/report-v1.md).
 LAYERS: Final[tuple[str, ...]] = (
     QUEUE,
     EVENT_LOOP,
@@ -38,7 +38,7 @@ LAYERS: Final[tuple[str, ...]] = (
 #: (local work a hook timed) is allowed too.
 SEGMENT_LAYERS: Final[frozenset[str]] = frozenset(LAYERS) - {UNATTRIBUTED}
 
-#: What each layer means, in the words of the spec; used by renderers and docs.
+#: What each layer means, in the words of report-v1 (docs/report-v1.md); used by renderers and docs.
 DESCRIPTIONS: Final[dict[str, str]] = {
     QUEUE: "waiting before any worker/handler started on it",
     EVENT_LOOP: "ready to run but delayed by a blocked asyncio event loop",

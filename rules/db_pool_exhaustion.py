@@ -111,20 +111,22 @@ class DbPoolExhaustion(Rule):
             f" than the median request{size_note}"
         )
         if inferred:
+            at_ceiling = inferred["share_of_wait_at_ceiling"]
+            share_text = f"{at_ceiling:.0%}" if isinstance(at_ceiling, (int, float)) else "an unknown share"
             summary = (
                 f"Inferred (no span times the pool checkout): the slowest 1% of requests waited"
                 f" {fmt_ms(stats.tail_excess_ms)} longer than the median one before their first database statement,"
                 f" while {inferred['connection_ceiling']} requests at a time held a connection (at that ceiling"
-                f" {float(inferred['share_of_wait_at_ceiling']):.0%} of the waiting time): a pool of about"
+                f" {share_text} of the waiting time): a pool of about"
                 f" {inferred['connection_ceiling']} exhausted"
             )
         if held.get("held_across_llm_requests"):
             share = held["held_across_llm_share"]
-            summary += f"; {share:.0%} of requests held their connection across an LLM call"  # type: ignore[str-format]
+            summary += f"; {share:.0%} of requests held their connection across an LLM call"
             fix = (
                 "Release the database connection before the LLM call: end the session/transaction after the"
                 " queries and open a new one to store the result. Connections are held for"
-                f" {fmt_ms(float(held['mean_hold_ms']))} on average, {fmt_ms(float(held['mean_llm_ms_while_held']))}"  # type: ignore[arg-type]
+                f" {fmt_ms(float(held['mean_hold_ms']))} on average, {fmt_ms(float(held['mean_llm_ms_while_held']))}"
                 " of it waiting on the LLM."
             )
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from timelines import analysed, population
@@ -39,6 +40,16 @@ def test_every_builtin_rule_is_discovered_and_keeps_the_contract():
             assert default is not None, f"{rule.id}.{name} needs a default"
         with pytest.raises(Exception):
             rule.Thresholds().__setattr__(rule.threshold_fields()[0][0], 1)  # frozen
+
+
+def test_every_module_of_the_rules_folder_is_listed_and_defines_one_rule():
+    import latprof.rules as package
+
+    files = sorted(p.stem for p in Path(package.__file__).parent.glob("*.py") if not p.stem.startswith("_"))
+    assert sorted(m.__name__.rsplit(".", 1)[1] for m in package.MODULES) == files
+    by_module = {r.__module__ for r in discover_rules()}
+    assert by_module == {m.__name__ for m in package.MODULES}
+    assert len(discover_rules()) == len(files)
 
 
 def test_a_rule_without_doc_sections_is_rejected():

@@ -11,7 +11,7 @@ waiting for its next request: not a layer, reported as `collection.idle_share`).
 file's suffix and its function name — never line numbers. Python 3.11+ reports qualified
 names (`QueuePool._do_get`), 3.10 bare ones (`_do_get`); a signature's name is matched against
 the frame's name and its last dotted part, so one entry serves both. Scanning from the innermost
-frame outwards, the first frame a signature matches decides, with the spec's precedence rule:
+frame outwards, the first frame a signature matches decides, with report-v1's precedence rule (docs/layers.md):
 a *generic* wait (a `Condition.wait`, a `Queue.get`, a future's result) inside a *specific*
 frame further out (a pool's checkout) is absorbed by it, so the scan goes on past generic
 matches and takes the first specific one; only when none is found does the generic one decide.
@@ -97,7 +97,7 @@ def _sig(id: str, file: str, name: str, layer: str | None, **kw: Any) -> Signatu
     return Signature(id, file, name, layer, **kw)
 
 
-#: The built-in signatures, verified against the real libraries (../shared/reference/signals.md §1.1).
+#: The built-in signatures, verified against the real libraries (docs/attach.md "Stack signatures"; tests/collectors/attach/test_signatures.py).
 SIGNATURES: tuple[Signature, ...] = (
     # -- pools: waiting for a connection (db.pool) -----------------------------------------------
     _sig("sqlalchemy.pool_wait", "sqlalchemy/pool/impl.py", "QueuePool._do_get", DB_POOL,

@@ -63,9 +63,9 @@ class UnstreamedSplitter:
     """Splits non-streamed LLM calls into `provider` and an estimated `model` part.
 
     A non-streamed call has no TTFT (its `provider` segment says `latprof.ttft_known: false`
-    and no `model` segment shares its call id). Its decode is estimated (DESIGN.md) as its
-    output tokens times the median time per token of streamed calls of the same model
-    (`rates`, from `decode_ms_per_token`), at most the whole call; both parts are marked
+    and no `model` segment shares its call id). Its decode is estimated (docs/design.md,
+    "Non-streamed calls: an estimated split") as its output tokens times the median time per
+    token of streamed calls of the same model (`rates`, from `decode_ms_per_token`), at most the whole call; both parts are marked
     `latprof.estimated`. A call with no output token count, or whose model has no streamed
     calls, stays whole in `provider`. `warnings()` says what was done.
     """

@@ -337,14 +337,12 @@ class _Wire:
         self.readings += 1
         if len(self.ages) < 10_000:
             self.ages += sockdiag.in_flight_ages_ms(sockets, inodes, self.ports)
-        for port, c in census.inbound.items():
+        for port, inbound in census.inbound.items():
             for name in ("in_flight", "connections", "backlog"):
-                key = ("inbound." + name, port)
-                self.sums[key] = self.sums.get(key, 0.0) + getattr(c, name)
-        for endpoint, c in census.outbound.items():
+                self.sums["inbound." + name, port] = self.sums.get(("inbound." + name, port), 0.0) + getattr(inbound, name)
+        for endpoint, outbound in census.outbound.items():
             for name in ("established", "pending", "receiving", "idle"):
-                key = ("outbound." + name, endpoint)
-                self.sums[key] = self.sums.get(key, 0.0) + getattr(c, name)
+                self.sums["outbound." + name, endpoint] = self.sums.get(("outbound." + name, endpoint), 0.0) + getattr(outbound, name)
         pg = self.session.pg
         if pg is not None:
             server = pg.server()
@@ -410,7 +408,7 @@ class _EverySecond:
         self.last_at = time.monotonic()
 
     def read(self, now: int, accepted: int) -> None:
-        import psutil  # type: ignore[import-untyped]
+        import psutil
 
         emit, target = self.session.writer.emit, self.session.pid
         for port in self.ports:

@@ -257,7 +257,7 @@ class Latprof:
 
 def _descendants(pid: int) -> list[Any]:
     """The processes `pid` started, as `psutil.Process` objects: they know their start time, so a reused pid is not taken for them."""
-    import psutil  # type: ignore[import-untyped]
+    import psutil
 
     try:
         return list(psutil.Process(pid).children(recursive=True))

@@ -19,8 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: servers import `tests.*.apps` from here
 SCENARIOS = Path(__file__).with_name("scenarios.py")
-#: The Flask app the gunicorn services serve (tests/hooks/apps/wsgi_app.py).
-WSGI_APP = "tests.hooks.apps.wsgi_app:app"
+#: The Flask app the gunicorn services serve (tests/collectors/hooks/apps/wsgi_app.py).
+WSGI_APP = "tests.collectors.hooks.apps.wsgi_app:app"
 
 
 def free_port() -> int:

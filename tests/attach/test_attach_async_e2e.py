@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from attach.procs import attach_under_load
-from hooks.apps import services  # tests/hooks/apps: the local services the tests use
+import services  # tests/services.py: the local services the tests use
 from latprof.demo.provider import Provider
 
 pytestmark = pytest.mark.slow  # real servers, sampled from outside

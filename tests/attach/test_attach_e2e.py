@@ -16,7 +16,7 @@ import time
 import pytest
 
 from attach.procs import ROOT, attach_under_load
-from hooks.apps import services  # tests/hooks/apps: the local services the tests use
+import services  # tests/services.py: the local services the tests use
 
 pytestmark = pytest.mark.slow  # real servers, sampled from outside
 

@@ -1,0 +1,132 @@
+"""Continuous sampling of a real process: one py-spy recording window, wait channels, what each thread did."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from attach.procs import end, free_port, gunicorn, park, start_server
+import services  # tests/services.py: the local services the tests use
+from latprof.collectors.attach import pyspy
+from latprof.layers import APP, DB_POOL, LOCK
+from latprof.collectors.attach.stacks import Frame, classify_count
+
+pytestmark = pytest.mark.slow  # real processes, sampled from outside
+
+
+
+@pytest.mark.parametrize("scenario, layer", [("lock_wait", LOCK), ("sqlalchemy_pool_wait", DB_POOL), ("cpu", APP)])
+def test_a_window_of_a_parked_thread_is_all_its_layer(scenario, layer):
+    if scenario == "sqlalchemy_pool_wait":
+        services.require_pg()
+    proc, tid = park(scenario)
+    channels = pyspy.WaitChannels(hz=100)
+    channels.watch(proc.pid)
+    channels.start()
+    try:
+        window = pyspy.record_window(proc.pid, seconds=1, rate=100)
+    finally:
+        channels.stop()
+        end(proc)
+    mine = [c for c in window.counts if c.tid == tid]
+    samples = sum(c.count for c in mine)
+    assert 60 <= samples <= 110, window.counts  # 100 Hz over a second, give or take the machine
+    assert all(c.thread == "target" for c in mine)
+    wchans = channels.between(proc.pid, window.start_ns, window.end_ns).get(tid)
+    assert wchans, "no wait channel readings of the target in the window"
+    by_layer: dict[object, int] = {}
+    for c in mine:
+        for classification, n in classify_count(c.frames, c.count, wchans):
+            by_layer[classification.layer] = by_layer.get(classification.layer, 0) + n
+    assert sum(by_layer.values()) == samples
+    assert by_layer.get(layer, 0) >= 0.9 * samples, by_layer
+    assert 0.5e9 <= window.end_ns - window.start_ns <= 1.05e9  # the recording, without py-spy attaching first
+
+
+def test_raw_lines_with_and_without_a_thread_name():
+    text = (
+        "thread (4242): worker;Thread._bootstrap (threading.py:1002);QueuePool._do_get (sqlalchemy/pool/impl.py:177);"
+        "Condition.wait (threading.py:320) 7\n"
+        "thread (4241);<module> (app.py:4) 3\n"
+        "garbage line\n"
+    )
+    a, b = pyspy.parse_raw(text)
+    assert (a.tid, a.thread, a.count) == (4242, "worker", 7)
+    assert a.frames[0] == Frame("Condition.wait", "threading.py") and a.frames[-1] == Frame("Thread._bootstrap", "threading.py")
+    assert (b.tid, b.thread, b.count, b.frames) == (4241, "", 3, (Frame("<module>", "app.py"),))
+
+
+def test_samples_without_a_signature_are_shared_out_over_the_wait_channels():
+    frames = (Frame("handler", "app.py"),)
+    shares = dict((c.signature, n) for c, n in classify_count(frames, 10, {"futex_do_wait": 30, "0": 70}))
+    assert shares == {"running": 7, "wchan.futex": 3}
+
+
+def test_a_gunicorn_master_and_its_workers_are_sampled_apart():
+    """Attached to the master of 2 sync workers kept busy with CPU-bound requests: a window per
+    process per second, the workers' request threads running the app, the master idle."""
+    import threading
+    import time
+    import urllib.request
+
+    from latprof.collectors.attach.stacks import BUSY, IDLE, classify
+
+    port = free_port()
+    master = start_server(gunicorn(port, "-w", "2"), port)
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/cpu?ms=200", timeout=10).read()
+            except OSError:
+                time.sleep(0.05)
+
+    try:
+        deadline = time.monotonic() + 20
+        clients = [threading.Thread(target=client, daemon=True) for _ in range(2)]
+        for c in clients:
+            c.start()
+        windows: list[pyspy.Window] = []
+        lock = threading.Lock()
+
+        def keep(window: pyspy.Window) -> None:
+            with lock:
+                windows.append(window)
+
+        sampler = pyspy.Sampler(master.pid, keep, rate=100)
+        while len(workers := [p for p in sampler.processes() if p != master.pid]) < 2:  # /health needed only one
+            assert time.monotonic() < deadline, "gunicorn did not start its second worker"
+            time.sleep(0.1)
+        sampler.run(3.5)
+    finally:
+        stop.set()
+        master.terminate()
+        master.wait(20)
+    assert len(workers) == 2 and not sampler.errors
+    assert {w.pid for w in windows} == {master.pid, *workers}
+    for pid in workers:
+        mine = [w for w in windows if w.pid == pid]
+        assert len(mine) >= 2  # about one a second
+        states: dict[tuple[str, object], int] = {}
+        for w in mine:
+            for c in w.counts:
+                k = classify(c.frames, wchan="0")  # running: these threads compute
+                states[(k.state, k.layer)] = states.get((k.state, k.layer), 0) + c.count
+        assert states.get((BUSY, "app"), 0) > 0.5 * sum(states.values()), states
+    master_states: dict[str, int] = {}
+    for w in windows:
+        for c in w.counts if w.pid == master.pid else ():
+            state = classify(c.frames).state
+            master_states[state] = master_states.get(state, 0) + c.count
+    # the master waits for signals, waking about once a second to look after its workers
+    assert master_states.get(IDLE, 0) >= 0.9 * sum(master_states.values()), master_states
+
+
+def test_sampling_a_pid_that_does_not_exist_is_one_clear_error():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(pyspy.SamplerError, match=f"no process with PID {proc.pid}"):
+        pyspy.Sampler(proc.pid, lambda w: None).run(1)

@@ -1,1 +1,0 @@
-"""ASGI applications and a server harness for the hook tests (importable by uvicorn as `tests.hooks.apps.*`)."""
