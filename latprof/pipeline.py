@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 from latprof.analysis.requests import DEFAULT_WARMUP_S, Analysis, analyze
+from latprof.capture.files import gc_paused
 from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
 from latprof.capture.reader import read_captures
 from latprof.ci.config import Config
@@ -50,7 +49,7 @@ def run_diagnosis(
     """
     if source_kind is not None and source_kind not in SOURCE_KINDS:
         raise ValueError(f"source_kind must be one of {SOURCE_KINDS}, not {source_kind!r}")
-    with _gc_paused():
+    with gc_paused(freeze=True):
         timeline = build_timeline(read_captures(paths))
         if source_kind is not None:
             timeline.source_kind = source_kind
@@ -89,26 +88,3 @@ def diagnose(
 ) -> Report:
     """Diagnose the captures at `paths` and return the report."""
     return run_diagnosis(paths, warmup_s=warmup_s, rules=rules).report
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Keep the cyclic garbage collector off a capture's objects.
-
-    Events and their attributes hold no reference cycles (reference counting frees them),
-    but a million new objects would trigger full collections over all of them again and
-    again while they are built, and once more after. So the collector is paused while they
-    are built, and what is alive at the end is moved to its permanent generation
-    (`gc.freeze`) before it is resumed. Pending garbage is collected first so that no cycle
-    of the caller's is frozen with them.
-    """
-    was_enabled = gc.isenabled()
-    if was_enabled:
-        gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.freeze()
-            gc.enable()

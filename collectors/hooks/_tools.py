@@ -98,7 +98,7 @@ def depends_on(state: runtime.RequestState | None, target: Any, body: Any = None
         for segment_id, answer in pending:
             answered(state, segment_id, answer)
         pending.clear()
-    calls = scratch.get(_KEY)
+    calls: list[tuple[str, frozenset[bytes]]] | None = scratch.get(_KEY)
     if not calls:
         return None
     values = tokens(sent)

@@ -58,7 +58,7 @@ def uninstall() -> None:
 def _patch(module: Any) -> None:
     cls = getattr(module, "RequestHandler", None)
     original = getattr(cls, "_handle_request", None)
-    if original is None or getattr(original, _PATCHED, False):
+    if cls is None or original is None or getattr(original, _PATCHED, False):
         return
     asgi._import_lazily()  # binds get_running_loop and the TCP_INFO constants
 

@@ -280,6 +280,7 @@ class _RequestCoroutine(asyncio_loop.TimedCoroutine):
     """The request's own coroutine (uvicorn's `run_asgi`): opens the request, times, closes it."""
 
     __slots__ = ()
+    _owner: _Request  # the slot of TimedCoroutine, always a _Request here
 
     def send(self, value: Any) -> Any:
         return self._step(self._coro.send, value)

@@ -45,26 +45,20 @@ from __future__ import annotations
 import contextvars
 import functools
 import os
-import threading
 import types
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import parse_qs, unquote
 
 from latprof import semconv
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _pools, runtime
 from latprof.collectors.hooks import sqlalchemy as _sqlalchemy_hook
+from latprof.collectors.hooks._pools import ROOT as _ROOT
+from latprof.collectors.hooks._pools import now_ns as _now
+from latprof.collectors.hooks._pools import parent_get as _parent_get
+from latprof.collectors.hooks._pools import record as _record
+from latprof.collectors.hooks._pools import request_get as _request_get
 from latprof.layers import DB_POOL, DB_QUERY
-from latprof.semconv import (
-    DB_OPERATION_NAME,
-    DB_POOL_NAME,
-    DB_QUERY_SUMMARY,
-    DB_SYSTEM_NAME,
-    GAUGE_POOL_IN_USE,
-    GAUGE_POOL_MAX,
-    GAUGE_POOL_SIZE,
-    GAUGE_POOL_WAITERS,
-    SEGMENT_CONNECTION_HOLD,
-)
+from latprof.semconv import SEGMENT_CONNECTION_HOLD
 
 HOOK = "asyncpg"
 SYSTEM = "postgresql"
@@ -77,7 +71,7 @@ ERROR_TYPE = semconv.ERROR_TYPE
 OTEL_WAIT_TIME = semconv.METRIC_DB_CONNECTION_WAIT_TIME  # its attribute is DB_POOL_NAME, OpenTelemetry's name
 
 #: At most one reading of a pool's gauges per this interval, unless an acquire is about to wait.
-GAUGE_INTERVAL_NS = 100_000_000
+GAUGE_INTERVAL_NS = _pools.GAUGE_INTERVAL_NS
 #: Longest pool name kept.
 MAX_NAME_CHARS = 200
 #: Statement summaries whose segment attributes are kept ready, at most; emptied when full.
@@ -90,29 +84,18 @@ _STATE_ATTR = "_latprof_pool"  # on a pool's queue (`Pool` has __slots__; its qu
 # (the hot paths read it as a plain attribute, `queue._latprof_pool`: cheaper than `__dict__`)
 
 
-class _PoolState:
-    """What the hook keeps per pool: its name, attributes ready to use, open holds, gauge limiter."""
+class _PoolState(_pools.PoolState):
+    """What the hook keeps per pool (see `_pools.PoolState`), with its in-flight acquires and open holds."""
 
-    __slots__ = ("name", "attrs", "pool_attrs", "acquiring", "holds", "gauged_at_ns", "gauge_due_ns", "gauged")
+    __slots__ = ("acquiring", "holds")
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        # The attributes of every plain acquire segment, and (pool_attrs) of gauges, holds and
-        # the OpenTelemetry histogram: shared by the segments (recorded with copy_attrs=False),
-        # so never changed after this.
-        self.attrs: dict[str, Any] = {DB_POOL_NAME: name, DB_SYSTEM_NAME: SYSTEM}
-        self.pool_attrs = {DB_POOL_NAME: name}
+        super().__init__(name, SYSTEM)
         self.acquiring = 0  # this hook's in-flight acquires (the waiter count if the queue hides its own)
         #: holder -> (start_ns, request, parent segment or runtime.ROOT) of a connection checked
         #: out in a request; at most one per holder, so at most `max_size` (holders live as long
         #: as the pool, and are hashed by identity).
         self.holds: dict[Any, tuple[int, runtime.RequestState, Any]] = {}
-        # `now_ns()` of the last reading, and when the next one is due: a reading is due when
-        # `now >= gauge_due_ns or now < gauged_at_ns` (the wall clock went back), which the hot
-        # paths test inline with the `now_ns()` they read anyway (compares, no arithmetic).
-        self.gauged_at_ns = 0
-        self.gauge_due_ns = 0
-        self.gauged: tuple[float, ...] | None = None  # the last values emitted
 
 
 class _Checkout:
@@ -125,6 +108,11 @@ class _Checkout:
     """
 
     __slots__ = ("state", "request", "start_ns", "token", "connect_started_ns")
+    state: _PoolState
+    request: runtime.RequestState | None
+    start_ns: int
+    token: contextvars.Token[_Checkout | None]
+    connect_started_ns: int | None
 
 
 # The acquire in progress in this task: the re-entry guard of `_acquire`, where
@@ -138,26 +126,16 @@ _busy: contextvars.ContextVar[bool] = contextvars.ContextVar("latprof_asyncpg_bu
 # statements without an error (recorded with copy_attrs=False, never changed once here).
 _statement_attrs: dict[tuple[str, str], dict[str, Any]] = {}
 
-# Hot-path shortcuts. runtime's own context variables of the current request and of the
-# innermost open segment are read directly: what current_request() and current_parent() do,
-# without a call layer per statement.
-_request_get = runtime._request.get
-_parent_get = runtime._parent.get
+# Hot-path shortcuts (besides _pools'): no call layer per statement.
 _checkout_get = _checkout.get
 _checkout_set = _checkout.set
 _checkout_reset = _checkout.reset
 _busy_get = _busy.get
 _busy_set = _busy.set
 _busy_reset = _busy.reset
-_now = runtime.now_ns
-_record = runtime.record
 _active = runtime.active
-_ROOT = runtime.ROOT
 _new = object.__new__  # a slotted object without an __init__ call
 
-_lock = threading.RLock()
-_installed = False
-_patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
 _wait_histogram: Any = None
 # Whether it is opentelemetry-api's proxy instrument, which records nothing until the service
 # configures an SDK (then its `_real_instrument` is set): a histogram not worth a call until then.
@@ -167,46 +145,17 @@ _wait_histogram_proxy = False
 # --- install ---------------------------------------------------------------------------------
 
 
-def install() -> bool:
-    """Hook asyncpg when it is imported (now, if it already is). Idempotent."""
-    global _installed
-    with _lock:
-        if _installed:
-            return True
-        _installed = True
-    runtime.when_imported("asyncpg", _patch)
-    return True
-
-
-def uninstall() -> None:
-    """Undo every patch (tests); pools keep their harmless bookkeeping."""
-    global _installed
-    with _lock:
-        _installed = False
-        _unpatch()
-
-
-def _patch(asyncpg_module: types.ModuleType) -> None:
-    """Wrap the pool, connection, prepared statement and cursor methods; all or nothing, errors counted."""
-    with _lock:
-        if not _installed or _patched:
-            return
-        try:
-            _apply()
-        except Exception as exc:
-            _unpatch()
-            runtime.count_error(HOOK, exc)
-
-
-def _apply() -> None:
+def _apply(asyncpg_module: types.ModuleType) -> None:
+    """Wrap the pool, connection, prepared statement and cursor methods (all or nothing: see `_pools`)."""
     global _wait_histogram, _wait_histogram_proxy
-    from asyncpg import connection, cursor, pool, prepared_stmt
+    from asyncpg import connection, cursor, pool, prepared_stmt  # type: ignore[import-untyped]
 
+    replace = _patches.replace
     Pool, Holder, Connection = pool.Pool, pool.PoolConnectionHolder, connection.Connection
-    _replace(Pool, "_acquire", _wrap_acquire(Pool.__dict__["_acquire"]))
-    _replace(Pool, "_get_new_connection", _wrap_get_new_connection(Pool.__dict__["_get_new_connection"]))
-    _replace(Holder, "release", _wrap_holder_release(Holder.__dict__["release"]))
-    _replace(Holder, "_release", _wrap_holder_returned(Holder.__dict__["_release"]))
+    replace(Pool, "_acquire", _wrap_acquire(Pool.__dict__["_acquire"]))
+    replace(Pool, "_get_new_connection", _wrap_get_new_connection(Pool.__dict__["_get_new_connection"]))
+    replace(Holder, "release", _wrap_holder_release(Holder.__dict__["release"]))
+    replace(Holder, "_release", _wrap_holder_returned(Holder.__dict__["_release"]))
 
     statements: list[tuple[type, str, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]]] = [
         (Connection, "execute", _argument("query")),
@@ -229,27 +178,21 @@ def _apply() -> None:
     for cls, name, query_of in statements:
         original = cls.__dict__.get(name)
         if original is not None:
-            _replace(cls, name, _wrap_statement(original, query_of))
+            replace(cls, name, _wrap_statement(original, query_of))
     _wait_histogram = runtime.connection_wait_histogram(HOOK)
     _wait_histogram_proxy = hasattr(_wait_histogram, "_real_instrument")
 
 
-def _replace(cls: type, name: str, wrapper: Callable[..., Any]) -> None:
-    original = cls.__dict__[name]
-    if getattr(original, "__latprof_original__", None) is not None:
-        return  # patched already (another copy of this module)
-    wrapper.__latprof_original__ = original  # type: ignore[attr-defined]
-    setattr(cls, name, wrapper)
-    _patched.append((cls, name, original))
-
-
-def _unpatch() -> None:
+def _reset() -> None:
     global _wait_histogram, _wait_histogram_proxy
-    for cls, name, original in reversed(_patched):
-        setattr(cls, name, original)
-    _patched.clear()
     _wait_histogram, _wait_histogram_proxy = None, False
 
+
+_patches = _pools.LibraryPatches(HOOK, "asyncpg", _apply, _reset)
+#: Hook asyncpg when it is imported (now, if it already is). Idempotent.
+install = _patches.install
+#: Undo every patch (tests); pools keep their harmless bookkeeping.
+uninstall = _patches.uninstall
 
 
 # --- pools: names and state -------------------------------------------------------------------
@@ -269,7 +212,7 @@ def pool_name(dsn: Any = None, kwargs: Mapping[str, Any] | None = None, environ:
         netloc, _, path = rest.partition("/")
         host = unquote(netloc.rpartition("@")[2]) or None  # credentials are before the last "@"
         database = unquote(path) or None
-        params = parse_qs(query)
+        params: Mapping[str, Sequence[str | None]] = parse_qs(query)
         host = (params.get("host") or [host])[0]
         port = (params.get("port") or [None])[0]
         database = (params.get("dbname") or params.get("database") or [database])[0]
@@ -336,9 +279,10 @@ def _begin_checkout(pool: Any) -> _Checkout | None:
         try:
             state: _PoolState = queue._latprof_pool  # _STATE_ATTR, read as an attribute
         except AttributeError:  # first sight
-            state = _pool_state(pool)  # type: ignore[assignment]
-            if state is None:
+            first_seen = _pool_state(pool)
+            if first_seen is None:
                 return None
+            state = first_seen
         start = _now()
         checkout = _new(_Checkout)
         checkout.state = state
@@ -493,13 +437,13 @@ def _read_gauges(pool: Any, state: _PoolState, now: int, force: bool = False, al
     """Emit the pool's gauges if they changed, or if `force`; the caller found them due.
 
     They are due when the last reading is 100 ms old, or the wall clock went back since
-    (see _PoolState.gauge_due_ns), which the callers test inline with their own `now_ns()`:
-    one clock reading serves the segment and the limiter.
+    (see `_pools.PoolState`), which the callers test inline with their own `now_ns()`:
+    one clock reading serves the segment and the limiter. (asyncpg's `max_size` is always
+    positive: the limit is always emitted.)
     """
     if not _active():
         return
-    state.gauged_at_ns = now
-    state.gauge_due_ns = now + GAUGE_INTERVAL_NS
+    state.read_at(now)
     size = pool.get_size()
     values = (
         float(size),
@@ -507,14 +451,7 @@ def _read_gauges(pool: Any, state: _PoolState, now: int, force: bool = False, al
         float(max(0, size - pool.get_idle_size())),
         float(_waiters(pool, state) + also_waiting),
     )
-    if not force and values == state.gauged:
-        return
-    state.gauged = values
-    attrs = state.pool_attrs
-    runtime.gauge(GAUGE_POOL_SIZE, values[0], attrs)
-    runtime.gauge(GAUGE_POOL_MAX, values[1], attrs)
-    runtime.gauge(GAUGE_POOL_IN_USE, values[2], attrs)
-    runtime.gauge(GAUGE_POOL_WAITERS, values[3], attrs)
+    _pools.emit_gauges(state, values, force)
 
 
 # --- statements -------------------------------------------------------------------------------
@@ -628,24 +565,16 @@ def _end_statement(
             if attrs is None:
                 attrs = _shared_statement_attrs(known)
         else:
-            attrs = _new_statement_attrs(known)
+            attrs = _pools.statement_attrs(SYSTEM, *known)
             attrs[ERROR_TYPE] = type(error).__qualname__
         _record(known[0], DB_QUERY, start, end, attrs, state=request, copy_attrs=False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 
 
-def _new_statement_attrs(known: tuple[str, str]) -> dict[str, Any]:
-    summary, operation = known
-    attrs: dict[str, Any] = {DB_SYSTEM_NAME: SYSTEM, DB_QUERY_SUMMARY: summary}
-    if operation:
-        attrs[DB_OPERATION_NAME] = operation
-    return attrs
-
-
 def _shared_statement_attrs(known: tuple[str, str]) -> dict[str, Any]:
     """The attributes of the statements summarised as `known`, from now on shared by their segments."""
-    attrs = _new_statement_attrs(known)
+    attrs = _pools.statement_attrs(SYSTEM, *known)
     if len(_statement_attrs) >= STATEMENT_ATTRS_CACHE_SIZE:
         _statement_attrs.clear()
     _statement_attrs[known] = attrs

@@ -39,7 +39,7 @@ and `httpx2` on `httpcore2` (what the openai 3.x client runs on). Inside a reque
 - inside an openai SDK call (the openai hook's `create`, during which the SDK sends its HTTP
   request, streamed or not): only the `http.pool` wait, nested under the SDK's `provider`
   segment. The SDK hook has the call's time; counting its HTTP request again would count it
-  twice (DESIGN.md).
+  twice (docs/design.md, "Counted once").
 
 Patch points, each wrapped once and only on the class that defines it (`uninstall()` restores):
 

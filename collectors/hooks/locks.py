@@ -59,7 +59,7 @@ def install() -> bool:
         return True
     _installed = True
     _factories = (threading.Lock, threading.RLock)
-    threading.Lock = _Factory(_native_lock, _TimedLock, "Lock")  # type: ignore[misc,assignment]
+    threading.Lock = _Factory(_native_lock, _TimedLock, "Lock")  # type: ignore[assignment]
     threading.RLock = _Factory(_native_rlock, _TimedRLock, "RLock")  # type: ignore[assignment]
     _patch_acquire(threading.Semaphore, "threading.Semaphore", _threading_semaphore_acquire)
     runtime.when_imported("asyncio.locks", _patch_asyncio)
@@ -70,7 +70,7 @@ def uninstall() -> None:
     """Restore the factories and methods (tests). Locks created meanwhile stay wrapped, and keep working."""
     global _installed, _factories
     if _factories is not None:
-        threading.Lock, threading.RLock = _factories  # type: ignore[misc]
+        threading.Lock, threading.RLock = _factories
         _factories = None
     while _patched_methods:
         cls, name, original = _patched_methods.pop()

@@ -41,28 +41,22 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-import threading
 import types
 from typing import Any, Callable
 
 from latprof import semconv
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _pools, runtime
+from latprof.collectors.hooks._pools import ROOT as _ROOT
+from latprof.collectors.hooks._pools import now_ns as _now
+from latprof.collectors.hooks._pools import parent_get as _current_parent
+from latprof.collectors.hooks._pools import record as _record
+from latprof.collectors.hooks._pools import request_get as _current_request
 # The SQLAlchemy hook's statement summary, and whether it times a checkout or a statement in
 # this thread or task (SQLAlchemy on top of a psycopg_pool pool: that time is left to it).
 from latprof.collectors.hooks.sqlalchemy import busy as _sqlalchemy_busy
 from latprof.collectors.hooks.sqlalchemy import summarize
 from latprof.layers import DB_POOL, DB_QUERY
-from latprof.semconv import (
-    DB_OPERATION_NAME,
-    DB_POOL_NAME,
-    DB_QUERY_SUMMARY,
-    DB_SYSTEM_NAME,
-    GAUGE_POOL_IN_USE,
-    GAUGE_POOL_MAX,
-    GAUGE_POOL_SIZE,
-    GAUGE_POOL_WAITERS,
-    SEGMENT_CONNECTION_HOLD,
-)
+from latprof.semconv import SEGMENT_CONNECTION_HOLD
 
 HOOK = "psycopg_pool"
 
@@ -76,37 +70,20 @@ ERROR_TYPE = semconv.ERROR_TYPE
 OTEL_WAIT_TIME = semconv.METRIC_DB_CONNECTION_WAIT_TIME  # its attribute is DB_POOL_NAME, OpenTelemetry's name
 
 #: At most one reading of a pool's gauges per this interval, unless a checkout waited ...
-GAUGE_INTERVAL_NS = 100_000_000
+GAUGE_INTERVAL_NS = _pools.GAUGE_INTERVAL_NS
 #: ... and then at most one per this interval: an exhausted pool makes every checkout wait.
 WAITED_GAUGE_INTERVAL_NS = 10_000_000
 #: A checkout slower than this (beyond opening a connection) waited for one.
-WAITED_NS = 1_000_000
+WAITED_NS = _pools.WAITED_NS
 #: Only the head of a statement is read to summarise it.
 STATEMENT_SCAN_CHARS = 4096
 #: Statement texts (up to STATEMENT_SCAN_CHARS long) whose segment name and attributes are
 #: remembered, at most; the cache is emptied when full.
 STATEMENT_CACHE_SIZE = 1024
 
-_STATE_ATTR = "_latprof_pool"  # on a pool: its _PoolState
-_HOLD_ATTR = "_latprof_hold"  # on a checked-out connection: (start_ns, request, parent, _PoolState)
+_STATE_ATTR = "_latprof_pool"  # on a pool: its _pools.PoolState
+_HOLD_ATTR = "_latprof_hold"  # on a checked-out connection: (start_ns, request, parent, _pools.PoolState)
 _CONNECTED_ATTR = "_latprof_connected"  # on a connection a pool opened: (start_ns, end_ns) of opening it
-
-
-class _PoolState:
-    """What the hook keeps per pool: its name, attributes ready to use, the gauge limiter.
-
-    `attrs` and `pool_attrs` are handed to every segment as they are (`copy_attrs=False`):
-    never mutated once built.
-    """
-
-    __slots__ = ("name", "attrs", "pool_attrs", "gauged_at_ns", "gauged")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.attrs: dict[str, Any] = {DB_POOL_NAME: name, DB_SYSTEM_NAME: SYSTEM}  # a checkout's
-        self.pool_attrs = {DB_POOL_NAME: name}  # for gauges, holds and the OpenTelemetry histogram
-        self.gauged_at_ns = -GAUGE_INTERVAL_NS  # wall-clock time of the last reading (see _read_gauges)
-        self.gauged: tuple[float, ...] | None = None  # the last values emitted
 
 
 # What this thread or task is doing under a wrapper: None, _IN_CHECKOUT (an outermost
@@ -118,57 +95,17 @@ _IN_CHECKOUT = "checkout"
 _IN_STATEMENT = "statement"
 _busy: contextvars.ContextVar[str | None] = contextvars.ContextVar("latprof_psycopg_pool_busy", default=None)
 
-_lock = threading.RLock()
-_installed = False
-_patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
 _wait_histogram: Any = None
 # Statement text -> (segment name, attributes); see STATEMENT_CACHE_SIZE.
 _statements: dict[str, tuple[str, dict[str, Any]]] = {}
 
-# The hot paths call these without the frame of runtime's own one-line functions
-# (`current_request`, `current_parent`, `record`'s module lookup): same contextvars, same clock.
-_current_request = runtime._request.get
-_current_parent = runtime._parent.get
-_now = runtime.now_ns
-_record = runtime.record
-_ROOT = runtime.ROOT
+# The hot paths call these (and _pools' shortcuts) without a call layer of their own.
 _busy_get = _busy.get
 _busy_set = _busy.set
 _busy_reset = _busy.reset
 
 
 # --- install ---------------------------------------------------------------------------------
-
-
-def install() -> bool:
-    """Hook psycopg_pool when it is imported (now, if it already is). Idempotent."""
-    global _installed
-    with _lock:
-        if _installed:
-            return True
-        _installed = True
-    runtime.when_imported("psycopg_pool", _patch)
-    return True
-
-
-def uninstall() -> None:
-    """Undo every patch (tests); pools and connections keep their harmless bookkeeping."""
-    global _installed
-    with _lock:
-        _installed = False
-        _unpatch()
-
-
-def _patch(psycopg_pool_module: types.ModuleType) -> None:
-    """Patch the pool and cursor classes; all or nothing, errors counted."""
-    with _lock:
-        if not _installed or _patched:
-            return
-        try:
-            _apply(psycopg_pool_module)
-        except Exception as exc:
-            _unpatch()
-            runtime.count_error(HOOK, exc)
 
 
 _CURSOR_CLASSES = (
@@ -178,9 +115,11 @@ _CURSOR_CLASSES = (
 
 
 def _apply(psycopg_pool_module: types.ModuleType) -> None:
+    """Patch the pool and cursor classes (all or nothing: see `_pools`)."""
     global _wait_histogram
     import psycopg
 
+    replace = _patches.replace
     pools = [
         getattr(psycopg_pool_module, name, None)
         for name in ("ConnectionPool", "AsyncConnectionPool", "NullConnectionPool", "AsyncNullConnectionPool")
@@ -190,46 +129,41 @@ def _apply(psycopg_pool_module: types.ModuleType) -> None:
         if isinstance(cls, type):
             for name, wrap in wrappers.items():
                 if name in cls.__dict__:
-                    _replace(cls, name, wrap(cls.__dict__[name]))
+                    replace(cls, name, wrap(cls.__dict__[name]))
     server_cursors = tuple(c for c in (getattr(psycopg, "ServerCursor", None), getattr(psycopg, "AsyncServerCursor", None)) if c)
     for name in _CURSOR_CLASSES:
         cls = getattr(psycopg, name, None)
         if not isinstance(cls, type):
             continue
         if "execute" in cls.__dict__:
-            _replace(cls, "execute", _wrap_execute(cls.__dict__["execute"]))
+            replace(cls, "execute", _wrap_execute(cls.__dict__["execute"]))
         # A server cursor's executemany only raises NotSupportedError: no statement to time.
         if "executemany" in cls.__dict__ and not issubclass(cls, server_cursors):
-            _replace(cls, "executemany", _wrap_execute(cls.__dict__["executemany"]))
+            replace(cls, "executemany", _wrap_execute(cls.__dict__["executemany"]))
     _wait_histogram = runtime.connection_wait_histogram(HOOK)
 
 
-def _replace(cls: type, name: str, wrapper: Callable[..., Any]) -> None:
-    original = cls.__dict__[name]
-    if getattr(original, "__latprof_original__", None) is not None:
-        return  # patched already (another copy of this module)
-    wrapper.__latprof_original__ = original  # type: ignore[attr-defined]
-    setattr(cls, name, wrapper)
-    _patched.append((cls, name, original))
-
-
-def _unpatch() -> None:
+def _reset() -> None:
     global _wait_histogram
-    for cls, name, original in reversed(_patched):
-        setattr(cls, name, original)
-    _patched.clear()
     _wait_histogram = None
 
+
+_patches = _pools.LibraryPatches(HOOK, "psycopg_pool", _apply, _reset)
+#: Hook psycopg_pool when it is imported (now, if it already is). Idempotent.
+install = _patches.install
+#: Undo every patch (tests); pools and connections keep their harmless bookkeeping.
+uninstall = _patches.uninstall
 
 
 # --- pools: names and state -------------------------------------------------------------------
 
 
-def _pool_state(pool: Any) -> _PoolState:
-    state: _PoolState | None = pool.__dict__.get(_STATE_ATTR)
+def _pool_state(pool: Any) -> _pools.PoolState:
+    """The pool's state (see `_pools.PoolState`), made on first sight."""
+    state: _pools.PoolState | None = pool.__dict__.get(_STATE_ATTR)
     if state is None:
         name = getattr(pool, "name", None) or f"psycopg_pool {type(pool).__name__} {id(pool):x}"
-        state = pool.__dict__.setdefault(_STATE_ATTR, _PoolState(str(name)))
+        state = pool.__dict__.setdefault(_STATE_ATTR, _pools.PoolState(str(name), SYSTEM))
     return state
 
 
@@ -247,7 +181,7 @@ def _wrap_getconn(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 state = self.__dict__.get(_STATE_ATTR) or _pool_state(self)
                 start = _now()
-                if not 0 <= start - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+                if start >= state.gauge_due_ns or start < state.gauged_at_ns:  # gauges due
                     _read_gauges(self, state, start, False)  # before it queues: a caller served at once never waited
                 token = _busy_set(_IN_CHECKOUT)
             except Exception as exc:
@@ -271,7 +205,7 @@ def _wrap_getconn(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             state = self.__dict__.get(_STATE_ATTR) or _pool_state(self)
             start = _now()
-            if not 0 <= start - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+            if start >= state.gauge_due_ns or start < state.gauged_at_ns:  # gauges due
                 _read_gauges(self, state, start, False)  # before it queues: a caller served at once never waited
             token = _busy_set(_IN_CHECKOUT)
         except Exception as exc:
@@ -291,7 +225,7 @@ def _wrap_getconn(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _end_checkout(
     pool: Any,
-    state: _PoolState,
+    state: _pools.PoolState,
     request: runtime.RequestState | None,
     start: int,
     token: contextvars.Token[str | None],
@@ -318,7 +252,10 @@ def _end_checkout(
             else:
                 waited = elapsed >= WAITED_NS
         # waited: how the pool looked while it waited, at most every 10 ms
-        if not 0 <= end - state.gauged_at_ns < (WAITED_GAUGE_INTERVAL_NS if waited else GAUGE_INTERVAL_NS):
+        if (
+            end >= (state.gauged_at_ns + WAITED_GAUGE_INTERVAL_NS if waited else state.gauge_due_ns)
+            or end < state.gauged_at_ns
+        ):
             _read_gauges(pool, state, end, waited)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
@@ -412,7 +349,7 @@ def _wrap_putconn(original: Callable[..., Any]) -> Callable[..., Any]:
                             copy_attrs=False,
                         )
                     state = self.__dict__.get(_STATE_ATTR)
-                    if state is not None and not 0 <= end - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+                    if state is not None and (end >= state.gauge_due_ns or end < state.gauged_at_ns):  # gauges due
                         _read_gauges(self, state, end, False)
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
@@ -442,7 +379,7 @@ def _returning(pool: Any, conn: Any) -> None:
                 copy_attrs=False,
             )
         state = pool.__dict__.get(_STATE_ATTR)
-        if state is not None and not 0 <= end - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+        if state is not None and (end >= state.gauge_due_ns or end < state.gauged_at_ns):  # gauges due
             _read_gauges(pool, state, end, False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
@@ -450,12 +387,12 @@ def _returning(pool: Any, conn: Any) -> None:
 
 # --- gauges -----------------------------------------------------------------------------------
 
-# The callers test whether a reading is due, inline (`not 0 <= now - state.gauged_at_ns <
-# interval`), with the wall clock they read anyway: one reading per 100 ms at most, or per 10 ms
-# when the checkout `waited`; a clock stepped backwards makes a reading due (and resets the limiter).
+# The callers test whether a reading is due, inline (see `_pools.PoolState`), with the wall
+# clock they read anyway: one reading per 100 ms at most, or per 10 ms when the checkout
+# `waited`; a clock stepped backwards makes a reading due (and resets the limiter).
 
 
-def _read_gauges(pool: Any, state: _PoolState, now: int, waited: bool) -> None:
+def _read_gauges(pool: Any, state: _pools.PoolState, now: int, waited: bool) -> None:
     """Emit the pool's gauges (due at `now`) if they changed, or always if a checkout `waited`.
 
     At the end of a checkout that waited, the caller has just left the queue: it is counted
@@ -464,7 +401,7 @@ def _read_gauges(pool: Any, state: _PoolState, now: int, waited: bool) -> None:
     try:
         if runtime._writer is None:
             return
-        state.gauged_at_ns = now
+        state.read_at(now)
         stats = pool.get_stats()
         size = float(stats.get("pool_size", 0))
         values = (
@@ -473,15 +410,7 @@ def _read_gauges(pool: Any, state: _PoolState, now: int, waited: bool) -> None:
             max(0.0, size - float(stats.get("pool_available", 0))),
             float(stats.get("requests_waiting", 0) + (1 if waited else 0)),
         )
-        if not waited and values == state.gauged:
-            return
-        state.gauged = values
-        attrs = state.pool_attrs
-        runtime.gauge(GAUGE_POOL_SIZE, values[0], attrs)
-        if values[1] >= 0:
-            runtime.gauge(GAUGE_POOL_MAX, values[1], attrs)
-        runtime.gauge(GAUGE_POOL_IN_USE, values[2], attrs)
-        runtime.gauge(GAUGE_POOL_WAITERS, values[3], attrs)
+        _pools.emit_gauges(state, values, waited)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 
@@ -553,13 +482,15 @@ def _end_statement(
             _busy_set(None)
         if type(query) is str and len(query) <= STATEMENT_SCAN_CHARS:
             known = _statements.get(query)
-            if known is None:
-                known = _statement_segment(query)
+            if known is None:  # (shared by its later segments, never mutated)
+                summary, operation = summarize(query)
+                known = summary, _pools.statement_attrs(SYSTEM, summary, operation)
                 if len(_statements) >= STATEMENT_CACHE_SIZE:
                     _statements.clear()
                 _statements[query] = known
         else:
-            known = _statement_segment(_statement_text(query, cursor))
+            summary, operation = summarize(_statement_text(query, cursor))
+            known = summary, _pools.statement_attrs(SYSTEM, summary, operation)
         name, attrs = known
         if error is not None:
             attrs = dict(attrs)
@@ -567,15 +498,6 @@ def _end_statement(
         _record(name, DB_QUERY, start, end, attrs, state=request, copy_attrs=False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
-
-
-def _statement_segment(text: str) -> tuple[str, dict[str, Any]]:
-    """The segment name and attributes of a statement (shared, never mutated)."""
-    summary, operation = summarize(text)
-    attrs: dict[str, Any] = {DB_SYSTEM_NAME: SYSTEM, DB_QUERY_SUMMARY: summary}
-    if operation:
-        attrs[DB_OPERATION_NAME] = operation
-    return summary, attrs
 
 
 def _statement_text(query: Any, cursor: Any) -> str:

@@ -55,25 +55,19 @@ import functools
 import os
 import re
 import sys
-import threading
 import types
 import weakref
 from typing import Any, Callable
 
 from latprof import semconv
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _pools, runtime
+from latprof.collectors.hooks._pools import ROOT as _ROOT
+from latprof.collectors.hooks._pools import now_ns as _now
+from latprof.collectors.hooks._pools import parent_get as _parent_get
+from latprof.collectors.hooks._pools import record as _record
+from latprof.collectors.hooks._pools import request_get as _request_get
 from latprof.layers import DB_POOL, DB_QUERY
-from latprof.semconv import (
-    DB_OPERATION_NAME,
-    DB_POOL_NAME,
-    DB_QUERY_SUMMARY,
-    DB_SYSTEM_NAME,
-    GAUGE_POOL_IN_USE,
-    GAUGE_POOL_MAX,
-    GAUGE_POOL_SIZE,
-    GAUGE_POOL_WAITERS,
-    SEGMENT_CONNECTION_HOLD,
-)
+from latprof.semconv import DB_OPERATION_NAME, DB_QUERY_SUMMARY, DB_SYSTEM_NAME, SEGMENT_CONNECTION_HOLD
 
 HOOK = "redis"
 
@@ -94,9 +88,9 @@ OTEL_WAIT_TIME = semconv.METRIC_DB_CONNECTION_WAIT_TIME  # its attribute is DB_P
 DB_OPERATION_BATCH_SIZE = semconv.DB_OPERATION_BATCH_SIZE
 
 #: At most one reading of a pool's gauges per this interval, unless a checkout waited.
-GAUGE_INTERVAL_NS = 100_000_000
+GAUGE_INTERVAL_NS = _pools.GAUGE_INTERVAL_NS
 #: A checkout slower than this (beyond opening a connection) waited for one.
-WAITED_NS = 1_000_000
+WAITED_NS = _pools.WAITED_NS
 #: A checkout shorter than this, that opened no connection and did not fail, is no segment.
 MIN_CHECKOUT_NS = 100_000
 #: redis-py 5.x/6.x's default `max_connections` (2**31): no limit, no `db.pool.max` gauge.
@@ -119,28 +113,18 @@ _COMMAND_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_.|-]{0,39}\Z")  # GET, FT.SEARCH
 _SUBCOMMAND_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}\Z")
 
 
-class _PoolState:
-    """What the hook keeps per pool: its name, attributes ready to use, callers inside, gauge limiter."""
+class _PoolState(_pools.PoolState):
+    """What the hook keeps per pool (see `_pools.PoolState`), with the process it belongs to and the callers inside."""
 
-    __slots__ = ("name", "pid", "attrs", "pool_attrs", "inside", "gauged_at_ns", "gauge_due_ns", "gauged")
+    __slots__ = ("pid", "inside")
 
     def __init__(self, name: str) -> None:
-        self.name = name
+        super().__init__(name, SYSTEM)
         self.pid = _pid  # a forked child starts over (redis-py resets the pool too)
-        self.attrs: dict[str, Any] = {DB_POOL_NAME: name, DB_SYSTEM_NAME: SYSTEM}
-        # For gauges, the OpenTelemetry histogram and every hold segment of the pool, which
-        # share it (recorded with copy_attrs=False): never changed after this.
-        self.pool_attrs = {DB_POOL_NAME: name}
         # One item per caller inside this hook's outermost get_connection: its length is the
         # waiter count. deque.append and deque.pop are atomic (no lock is taken per checkout)
         # and, unlike a list's, allocate nothing while it stays short.
         self.inside: collections.deque[None] = collections.deque()
-        # `now_ns()` of the last reading, and when the next one is due: a reading is due when
-        # `now >= gauge_due_ns or now < gauged_at_ns` (the wall clock went back), which the hot
-        # paths test inline with the `now_ns()` they read anyway (compares, no arithmetic).
-        self.gauged_at_ns = 0
-        self.gauge_due_ns = 0
-        self.gauged: tuple[float, ...] | None = None  # the last values emitted
 
 
 class _Checkout:
@@ -168,6 +152,16 @@ class _Checkout:
         "spans_before",
         "command",
     )
+    state: _PoolState
+    start_ns: int
+    request: runtime.RequestState | None
+    redis_records_wait: bool
+    connect_started_ns: int | None
+    token: contextvars.Token[_Checkout | None]
+    segment_id: str | None
+    parent_token: contextvars.Token[str | None] | None
+    spans_before: int
+    command: list[Any] | None
 
 
 # The checkout in progress in this thread or task outside a command (inside one, its cell
@@ -190,11 +184,8 @@ _names: dict[str, str] = {}
 # copy_attrs=False, never changed once here); bounded like `_names`.
 _query_attrs: dict[str, dict[str, Any]] = {}
 
-# Hot-path shortcuts. runtime's own context variables of the current request and of the
-# innermost open segment are read and set directly: what current_request(), current_parent()
-# and nested_under() do, without a call layer or a generator context manager per command.
-_request_get = runtime._request.get
-_parent_get = runtime._parent.get
+# Hot-path shortcuts (besides _pools'). runtime's own context variable of the innermost open
+# segment is set directly: what nested_under() does, without a generator context manager per command.
 _parent_set = runtime._parent.set
 _parent_reset = runtime._parent.reset
 _checkout_get = _checkout.get
@@ -203,11 +194,8 @@ _checkout_reset = _checkout.reset
 _command_get = _command.get
 _command_set = _command.set
 _command_reset = _command.reset
-_now = runtime.now_ns
 _new_id = runtime.new_id
-_record = runtime.record
 _active = runtime.active
-_ROOT = runtime.ROOT
 _new = object.__new__  # a slotted object without an __init__ call
 
 _pid = os.getpid()  # this process's: a pool's state made in the parent is made anew in a child
@@ -220,9 +208,6 @@ def _after_fork() -> None:
 
 os.register_at_fork(after_in_child=_after_fork)
 
-_lock = threading.RLock()
-_installed = False
-_patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
 _wait_histogram: Any = None
 # Whether it is opentelemetry-api's proxy instrument, which records nothing until the service
 # configures an SDK (then its `_real_instrument` is set): a histogram not worth a call until then.
@@ -232,49 +217,31 @@ _wait_histogram_proxy = False
 # --- install ---------------------------------------------------------------------------------
 
 
-def install() -> bool:
-    """Hook redis-py when it is imported (now, if it already is). Idempotent."""
-    global _installed
-    with _lock:
-        if _installed:
-            return True
-        _installed = True
-    runtime.when_imported("redis", _patch)
-    return True
-
-
-def uninstall() -> None:
-    """Undo every patch (tests); pools keep their harmless bookkeeping."""
-    global _installed, _wait_histogram, _wait_histogram_proxy
-    with _lock:
-        _installed = False
-        for cls, name, original in reversed(_patched):
-            setattr(cls, name, original)
-        _patched.clear()
-        _wait_histogram, _wait_histogram_proxy = None, False
-
-
-def _patch(redis_module: types.ModuleType) -> None:
+def _apply(redis_module: types.ModuleType) -> None:
     """Patch the sync and the asyncio client, each all or nothing; errors counted."""
     global _wait_histogram, _wait_histogram_proxy
-    with _lock:
-        if not _installed or _patched:
-            return
-        for targets in (_sync_targets, _async_targets):
-            try:
-                replacements = targets()
-            except Exception as exc:  # this family lacks a hook point: the other one still works
-                runtime.count_error(HOOK, exc)
-                continue
-            for cls, name, wrapper in replacements:
-                original = cls.__dict__[name]
-                if getattr(original, "__latprof_original__", None) is not None:
-                    continue  # patched already (another copy of this module)
-                wrapper.__latprof_original__ = original  # type: ignore[attr-defined]
-                setattr(cls, name, wrapper)
-                _patched.append((cls, name, original))
-        _wait_histogram = runtime.connection_wait_histogram(HOOK)
-        _wait_histogram_proxy = hasattr(_wait_histogram, "_real_instrument")
+    for targets in (_sync_targets, _async_targets):
+        try:
+            replacements = targets()
+        except Exception as exc:  # this family lacks a hook point: the other one still works
+            runtime.count_error(HOOK, exc)
+            continue
+        for cls, name, wrapper in replacements:
+            _patches.replace(cls, name, wrapper)
+    _wait_histogram = runtime.connection_wait_histogram(HOOK)
+    _wait_histogram_proxy = hasattr(_wait_histogram, "_real_instrument")
+
+
+def _reset() -> None:
+    global _wait_histogram, _wait_histogram_proxy
+    _wait_histogram, _wait_histogram_proxy = None, False
+
+
+_patches = _pools.LibraryPatches(HOOK, "redis", _apply, _reset)
+#: Hook redis-py when it is imported (now, if it already is). Idempotent.
+install = _patches.install
+#: Undo every patch (tests); pools keep their harmless bookkeeping.
+uninstall = _patches.uninstall
 
 
 def _sync_targets() -> list[tuple[type, str, Callable[..., Any]]]:
@@ -462,7 +429,7 @@ def _read_gauges(pool: Any, state: _PoolState, now: int, force: bool = False, wa
     """Emit the pool's gauges if they changed, or if `force`; the caller found them due.
 
     They are due when the last reading is 100 ms old, or the wall clock went back since
-    (see _PoolState.gauge_due_ns), which the callers test inline with their own `now_ns()`:
+    (see `_pools.PoolState`), which the callers test inline with their own `now_ns()`:
     one clock reading serves the segment and the limiter.
     """
     if not _active():
@@ -470,18 +437,9 @@ def _read_gauges(pool: Any, state: _PoolState, now: int, force: bool = False, wa
     numbers = _pool_numbers(pool)
     if numbers is None:
         return
-    state.gauged_at_ns = now
-    state.gauge_due_ns = now + GAUGE_INTERVAL_NS
+    state.read_at(now)
     values = (*numbers, float(len(state.inside) if waiters is None else waiters))
-    if not force and values == state.gauged:
-        return
-    state.gauged = values
-    attrs = state.pool_attrs
-    runtime.gauge(GAUGE_POOL_SIZE, values[0], attrs)
-    if values[1] >= 0:
-        runtime.gauge(GAUGE_POOL_MAX, values[1], attrs)
-    runtime.gauge(GAUGE_POOL_IN_USE, values[2], attrs)
-    runtime.gauge(GAUGE_POOL_WAITERS, values[3], attrs)
+    _pools.emit_gauges(state, values, force)
 
 
 # --- checkouts --------------------------------------------------------------------------------

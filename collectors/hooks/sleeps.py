@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, SupportsIndex
 
 from latprof.collectors.hooks import runtime
 from latprof.layers import RETRY
@@ -63,7 +63,9 @@ def uninstall() -> None:
         time.sleep = _originals.pop("time")
     if "asyncio" in _originals:
         asyncio = sys.modules["asyncio"]
-        asyncio.sleep = asyncio.tasks.sleep = _originals.pop("asyncio")
+        original = _originals.pop("asyncio")
+        setattr(asyncio, "sleep", original)
+        setattr(asyncio.tasks, "sleep", original)
     _installed = False
 
 
@@ -95,8 +97,8 @@ def _record(start: int, end: int, library: str | None) -> None:
         runtime.count_error(HOOK, exc)
 
 
-def _make_sleep(original: Callable[[float], None]) -> Callable[[float], None]:
-    def sleep(seconds: float) -> None:
+def _make_sleep(original: Callable[[float | SupportsIndex], None]) -> Callable[[float | SupportsIndex], None]:
+    def sleep(seconds: float | SupportsIndex) -> None:
         if runtime.current_request() is None or not isinstance(seconds, (int, float)) or seconds < MIN_SLEEP_S:
             return original(seconds)
         library = _library(2)

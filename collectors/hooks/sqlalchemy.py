@@ -42,25 +42,19 @@ from __future__ import annotations
 import contextvars
 import functools
 import re
-import threading
 import time
 import types
 from typing import Any, Callable
 
 from latprof import semconv
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _pools, runtime
+from latprof.collectors.hooks._pools import ROOT as _ROOT
+from latprof.collectors.hooks._pools import now_ns as _now
+from latprof.collectors.hooks._pools import parent_get as _current_parent
+from latprof.collectors.hooks._pools import record as _record
+from latprof.collectors.hooks._pools import request_get as _current_request
 from latprof.layers import DB_POOL, DB_QUERY
-from latprof.semconv import (
-    DB_OPERATION_NAME,
-    DB_POOL_NAME,
-    DB_QUERY_SUMMARY,
-    DB_SYSTEM_NAME,
-    GAUGE_POOL_IN_USE,
-    GAUGE_POOL_MAX,
-    GAUGE_POOL_SIZE,
-    GAUGE_POOL_WAITERS,
-    SEGMENT_CONNECTION_HOLD,
-)
+from latprof.semconv import DB_POOL_NAME, SEGMENT_CONNECTION_HOLD
 
 HOOK = "sqlalchemy"
 
@@ -73,9 +67,9 @@ ERROR_TYPE = semconv.ERROR_TYPE
 OTEL_WAIT_TIME = semconv.METRIC_DB_CONNECTION_WAIT_TIME  # its attribute is DB_POOL_NAME, OpenTelemetry's name
 
 #: At most one reading of a pool's gauges per this interval, unless a checkout waited.
-GAUGE_INTERVAL_NS = 100_000_000
+GAUGE_INTERVAL_NS = _pools.GAUGE_INTERVAL_NS
 #: A checkout slower than this (beyond opening a connection) waited for one.
-WAITED_NS = 1_000_000
+WAITED_NS = _pools.WAITED_NS
 #: Statements summarised once and remembered, at most; the cache is emptied when full.
 SUMMARY_CACHE_SIZE = 2048
 #: Only the head of a statement is read to summarise it.
@@ -93,27 +87,18 @@ _EXECUTE_METHODS = ("do_execute", "do_execute_no_params", "do_executemany")  # o
 _SYSTEM_NAMES = {"mssql": "microsoft.sql_server", "oracle": "oracle.db"}
 
 
-class _PoolState:
-    """What the hook keeps per pool: its name, attributes ready to use, waiters, gauge limiter.
+class _PoolState(_pools.PoolState):
+    """What the hook keeps per pool (see `_pools.PoolState`), with its `db.system.name` (None
+    while no engine of ours was seen on it) and its waiters."""
 
-    `attrs` and `pool_attrs` are handed to every segment as they are (`copy_attrs=False`):
-    never mutated once built.
-    """
-
-    __slots__ = ("name", "system", "attrs", "pool_attrs", "waiting", "gauged_at_ns", "gauged")
+    __slots__ = ("system", "waiting")
 
     def __init__(self, name: str, system: str | None) -> None:
-        self.name = name
+        super().__init__(name, system)
         self.system = system
-        self.attrs: dict[str, Any] = {DB_POOL_NAME: name}  # a checkout's
-        if system:
-            self.attrs[DB_SYSTEM_NAME] = system
-        self.pool_attrs = {DB_POOL_NAME: name}  # for gauges, holds and the OpenTelemetry histogram
         # This hook's own in-flight outermost _do_get calls, one entry each: list.append and
         # list.pop are atomic, so no lock is taken on the hot path.
         self.waiting: list[None] = []
-        self.gauged_at_ns = -GAUGE_INTERVAL_NS  # wall-clock time of the last reading (see _read_gauges)
-        self.gauged: tuple[float, ...] | None = None  # the last values emitted
 
     @property
     def waiters(self) -> int:
@@ -140,19 +125,9 @@ def busy() -> bool:
     hooks of the driver or pool underneath (asyncpg, psycopg_pool) leave that time to this one."""
     return _checkout.get() is not None or _statement.get() is not None
 
-_lock = threading.RLock()
-_installed = False
-_patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
-_listeners: list[tuple[Any, str, Callable[..., Any]]] = []  # (target, event, fn) to remove
 _wait_histogram: Any = None
 
-# The hot paths call these without the frame of runtime's own one-line functions
-# (`current_request`, `current_parent`, `record`'s module lookup): same contextvars, same clock.
-_current_request = runtime._request.get
-_current_parent = runtime._parent.get
-_now = runtime.now_ns
-_record = runtime.record
-_ROOT = runtime.ROOT
+# The hot paths call these (and _pools' shortcuts) without a call layer of their own.
 _checkout_get = _checkout.get
 _checkout_set = _checkout.set
 _checkout_reset = _checkout.reset
@@ -164,51 +139,22 @@ _statement_reset = _statement.reset
 # --- install ---------------------------------------------------------------------------------
 
 
-def install() -> bool:
-    """Hook SQLAlchemy when it is imported (now, if it already is). Idempotent."""
-    global _installed
-    with _lock:
-        if _installed:
-            return True
-        _installed = True
-    runtime.when_imported("sqlalchemy", _patch)
-    return True
-
-
-def uninstall() -> None:
-    """Undo every patch and listener (tests); pools keep their harmless bookkeeping."""
-    global _installed
-    with _lock:
-        _installed = False
-        _unpatch()
-
-
-def _patch(sqlalchemy_module: types.ModuleType) -> None:
-    """Patch the pool, engine and dialect classes and attach the listeners; all or nothing, errors counted."""
-    with _lock:
-        if not _installed or _patched or _listeners:
-            return
-        try:
-            _apply()
-        except Exception as exc:
-            _unpatch()
-            runtime.count_error(HOOK, exc)
-
-
-def _apply() -> None:
+def _apply(sqlalchemy_module: types.ModuleType) -> None:
+    """Patch the pool, engine and dialect classes and attach the listeners (all or nothing: see `_pools`)."""
     global _wait_histogram
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
     from sqlalchemy.engine.default import DefaultDialect
     from sqlalchemy.pool import Pool, impl
 
+    replace = _patches.replace
     for cls in [getattr(impl, name) for name in dir(impl)]:
         if isinstance(cls, type) and issubclass(cls, Pool) and "_do_get" in cls.__dict__:
-            _replace(cls, "_do_get", _wrap_do_get(cls.__dict__["_do_get"]))
+            replace(cls, "_do_get", _wrap_do_get(cls.__dict__["_do_get"]))
     if "_return_conn" in Pool.__dict__:
-        _replace(Pool, "_return_conn", _wrap_return_conn(Pool.__dict__["_return_conn"]))
-    _replace(Engine, "__init__", _wrap_engine_init(Engine.__dict__["__init__"]))
-    _replace(Engine, "dispose", _wrap_dispose(Engine.__dict__["dispose"]))
+        replace(Pool, "_return_conn", _wrap_return_conn(Pool.__dict__["_return_conn"]))
+    replace(Engine, "__init__", _wrap_engine_init(Engine.__dict__["__init__"]))
+    replace(Engine, "dispose", _wrap_dispose(Engine.__dict__["dispose"]))
     # Every dialect class loaded so far (engines made before install included); those loaded
     # later are patched when an engine is made with one (`Engine.__init__`).
     seen: set[type] = set()
@@ -225,7 +171,7 @@ def _apply() -> None:
         (Pool, "checkin", _on_checkin),
     ):
         event.listen(target, name, fn)
-        _listeners.append((target, name, fn))
+        _patches.undo.append(functools.partial(event.remove, target, name, fn))
     _wait_histogram = runtime.connection_wait_histogram(HOOK)
 
 
@@ -233,34 +179,19 @@ def _patch_dialect_class(cls: type) -> None:
     """Wrap the execution methods a dialect class defines itself (its bases are patched on their own)."""
     for name in _EXECUTE_METHODS:
         if name in cls.__dict__:
-            _replace(cls, name, _wrap_execute(cls.__dict__[name]))
+            _patches.replace(cls, name, _wrap_execute(cls.__dict__[name]))
 
 
-def _replace(cls: type, name: str, wrapper: Callable[..., Any]) -> None:
-    original = cls.__dict__[name]
-    if getattr(original, "__latprof_original__", None) is not None:
-        return  # patched already (another copy of this module, or a dialect class seen before)
-    wrapper.__latprof_original__ = original  # type: ignore[attr-defined]
-    setattr(cls, name, wrapper)
-    _patched.append((cls, name, original))
-
-
-def _unpatch() -> None:
+def _reset() -> None:
     global _wait_histogram
-    if _listeners:
-        from sqlalchemy import event
-
-        for target, name, fn in reversed(_listeners):
-            try:
-                event.remove(target, name, fn)
-            except Exception as exc:
-                runtime.count_error(HOOK, exc)
-    _listeners.clear()
-    for cls, name, original in reversed(_patched):
-        setattr(cls, name, original)
-    _patched.clear()
     _wait_histogram = None
 
+
+_patches = _pools.LibraryPatches(HOOK, "sqlalchemy", _apply, _reset)
+#: Hook SQLAlchemy when it is imported (now, if it already is). Idempotent.
+install = _patches.install
+#: Undo every patch and listener (tests); pools keep their harmless bookkeeping.
+uninstall = _patches.uninstall
 
 
 # --- pools: names and state -------------------------------------------------------------------
@@ -301,8 +232,8 @@ def _wrap_engine_init(original: Callable[..., None]) -> Callable[..., None]:
         original(self, *args, **kwargs)
         try:
             _tag_pool(self)
-            with _lock:
-                if _installed and _patched:  # a dialect class loaded since install: patch it before it runs
+            with _patches.lock:
+                if _patches.installed and _patches.patched:  # a dialect class loaded since install: patch it before it runs
                     for cls in type(self.dialect).__mro__:
                         _patch_dialect_class(cls)
         except Exception as exc:
@@ -335,7 +266,7 @@ def _wrap_do_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         try:
             state = self.__dict__.get(_STATE_ATTR) or _pool_state(self)
             start = _now()
-            if not 0 <= start - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+            if start >= state.gauge_due_ns or start < state.gauged_at_ns:  # gauges due
                 _read_gauges(self, state, start)  # before counting itself: a caller served at once never waited
             connecting: list[float | None] = [None]
             token = _checkout_set(connecting)
@@ -371,7 +302,7 @@ def _wrap_do_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
                     connect_ns = min(elapsed, max(0, end - int(connect_started_s * 1e9)))
                 if elapsed - connect_ns >= WAITED_NS:
                     _read_gauges(self, state, end, force=True, waiters=waiters)  # how the pool looked while it waited
-                elif not 0 <= end - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+                elif end >= state.gauge_due_ns or end < state.gauged_at_ns:  # gauges due
                     _read_gauges(self, state, end)
                 histogram = _wait_histogram
                 # (a proxy with no SDK behind it records nothing: skip its call)
@@ -456,7 +387,7 @@ def _wrap_return_conn(original: Callable[[Any, Any], None]) -> Callable[[Any, An
                 state = self.__dict__.get(_STATE_ATTR)
                 if state is not None:
                     now = _now()
-                    if not 0 <= now - state.gauged_at_ns < GAUGE_INTERVAL_NS:
+                    if now >= state.gauge_due_ns or now < state.gauged_at_ns:  # gauges due
                         _read_gauges(self, state, now)
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
@@ -464,20 +395,15 @@ def _wrap_return_conn(original: Callable[[Any, Any], None]) -> Callable[[Any, An
     return _return_conn
 
 
-# The callers test whether a reading is due, inline (`not 0 <= now - state.gauged_at_ns <
-# GAUGE_INTERVAL_NS`), with the wall clock they read anyway: one reading per 100 ms at most
-# unless `force`; a clock stepped backwards makes a reading due (and resets the limiter).
-
-
 def _read_gauges(pool: Any, state: _PoolState, now: int, force: bool = False, waiters: int | None = None) -> None:
-    """Emit the pool's gauges (due at `now`) if they changed, or always if `force`."""
+    """Emit the pool's gauges (due at `now`, see `_pools.PoolState`) if they changed, or always if `force`."""
     try:
         if runtime._writer is None:
             return
         checkedout = getattr(pool, "checkedout", None)
         if checkedout is None:  # NullPool, StaticPool, ...: nothing to count
             return
-        state.gauged_at_ns = now
+        state.read_at(now)
         in_use = checkedout()
         open_connections = pool.checkedin() + in_use
         pool_size = pool.size()
@@ -490,16 +416,7 @@ def _read_gauges(pool: Any, state: _PoolState, now: int, force: bool = False, wa
             float(max(0, open_connections - pool_size)),
             float(state.waiters if waiters is None else waiters),
         )
-        if not force and values == state.gauged:
-            return
-        state.gauged = values
-        attrs = state.pool_attrs
-        runtime.gauge(GAUGE_POOL_SIZE, values[0], attrs)
-        if values[1] >= 0:
-            runtime.gauge(GAUGE_POOL_MAX, values[1], attrs)
-        runtime.gauge(GAUGE_POOL_IN_USE, values[2], attrs)
-        runtime.gauge(GAUGE_POOL_OVERFLOW, values[3], attrs)
-        runtime.gauge(GAUGE_POOL_WAITERS, values[4], attrs)
+        _pools.emit_gauges(state, values, force)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 
@@ -555,8 +472,9 @@ def _end_statement(
         if known is None:
             known = known_by_dialect.setdefault(_STATEMENTS_ATTR, {})
         segment = known.get(statement)
-        if segment is None:
-            segment = _statement_segment(statement, dialect)
+        if segment is None:  # (shared by its later segments, never mutated)
+            summary, operation = summarize(statement)
+            segment = summary, _pools.statement_attrs(system_name(dialect), summary, operation)
             if len(statement) <= SUMMARY_SCAN_CHARS:
                 if len(known) >= STATEMENT_CACHE_SIZE:
                     known.clear()
@@ -568,15 +486,6 @@ def _end_statement(
         _record(name, DB_QUERY, start, end, attrs, state=request, copy_attrs=False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
-
-
-def _statement_segment(statement: str, dialect: Any) -> tuple[str, dict[str, Any]]:
-    """The segment name and attributes of a statement of `dialect` (shared, never mutated)."""
-    summary, operation = summarize(statement)
-    attrs: dict[str, Any] = {DB_SYSTEM_NAME: system_name(dialect), DB_QUERY_SUMMARY: summary}
-    if operation:
-        attrs[DB_OPERATION_NAME] = operation
-    return summary, attrs
 
 
 # A statement's tokens, in the order the alternatives are tried: what is skipped (space,

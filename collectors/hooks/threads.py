@@ -152,7 +152,7 @@ class _Task:
 # --- threading.Thread ----------------------------------------------------------------------------
 
 
-def _make_start(original: Callable[..., Any]) -> Callable[..., Any]:
+def _make_start(original: Callable[[Any], None]) -> Callable[[Any], None]:
     def start(self: Any) -> None:
         state = _request_var.get()
         if state is not None and runtime._writer is not None:
@@ -166,7 +166,7 @@ def _make_start(original: Callable[..., Any]) -> Callable[..., Any]:
     return start
 
 
-def _make_run(original: Callable[..., Any]) -> Callable[..., Any]:
+def _make_run(original: Callable[[Any], None]) -> Callable[[Any], None]:
     def run(self: Any) -> None:
         carried = getattr(self, _CARRIED, None)
         if carried is None:

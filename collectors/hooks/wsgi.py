@@ -86,7 +86,7 @@ def install() -> bool:
 def _patch_worker(module: Any) -> None:
     cls = getattr(module, "Worker", None)
     original = getattr(cls, "load_wsgi", None)
-    if original is None or getattr(original, _PATCHED, False):
+    if cls is None or original is None or getattr(original, _PATCHED, False):
         return
 
     def load_wsgi(self: Any) -> Any:
@@ -108,7 +108,7 @@ def _patch_worker(module: Any) -> None:
 def _patch_gthread(module: Any) -> None:
     cls = getattr(module, "ThreadWorker", None)
     original = getattr(cls, "enqueue_req", None)
-    if original is None or getattr(original, _PATCHED, False):
+    if cls is None or original is None or getattr(original, _PATCHED, False):
         return
 
     def enqueue_req(self: Any, conn: Any) -> Any:
@@ -275,7 +275,7 @@ class _Response:
 def _patch_flask(module: Any) -> None:
     cls = getattr(module, "RequestContext", None)
     original = getattr(cls, "match_request", None)
-    if original is None or getattr(original, _PATCHED, False):
+    if cls is None or original is None or getattr(original, _PATCHED, False):
         return
 
     def match_request(self: Any) -> Any:

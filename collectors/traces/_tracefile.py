@@ -2,22 +2,46 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import gzip
 import math
 import zlib
-from typing import IO, Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
+from latprof.capture.files import open_input
 from latprof.errors import InputError
-from latprof.collectors.traces.spans import Span
+from latprof.collectors.traces.spans import STATUS_ERROR, STATUS_NAMES, STATUS_UNSET, Span
 
-_GZIP_MAGIC = b"\x1f\x8b"
+#: The UTF-8 byte order mark some tools write first.
+UTF8_BOM = b"\xef\xbb\xbf"
+#: The all-zero ids, which are no trace and no span.
+ZERO_TRACE_ID = "0" * 32
+ZERO_SPAN_ID = "0" * 16
+DIGITS = frozenset("0123456789")
+#: Distinct strings remembered per file to share one object of each (bounds memory).
+SHARED_MAX = 500_000
+
 _CHUNK = 1 << 16
 _HEX = "0123456789abcdef"
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+@dataclass
+class TraceRead:
+    """The spans of one trace file, and what was skipped to read them."""
+
+    spans: list[Span] = field(default_factory=list)
+    #: One line each, naming the file, with counts ("x.json: skipped 3 span(s) without a valid spanId").
+    warnings: list[str] = field(default_factory=list)
+    #: Documents read (what one is depends on the format).
+    documents: int = 0
+
+
+def sniff_text(head: bytes) -> bytes:
+    """A file's head after a UTF-8 byte order mark and whitespace: where a sniff looks for JSON."""
+    return (head[len(UTF8_BOM):] if head.startswith(UTF8_BOM) else head).lstrip()
 
 
 def has_key(window: bytes, key: bytes) -> bool:
@@ -30,27 +54,11 @@ def has_key(window: bytes, key: bytes) -> bool:
     return False
 
 
-def open_file(path: str) -> IO[bytes]:
-    try:
-        raw = open(path, "rb")
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    try:
-        magic = raw.peek(2)[:2]
-    except OSError as exc:
-        raw.close()
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if magic != _GZIP_MAGIC:
-        return raw
-    raw.close()
-    return gzip.open(path, "rb")  # type: ignore[return-value]
 
 
 def read_bytes(path: str) -> tuple[bytes, str | None]:
     """The file's bytes (decompressed), and what was wrong with its compressed stream if it ended early."""
-    stream = open_file(path)
+    stream = open_input(path)
     chunks: list[bytes] = []
     try:
         if isinstance(stream, gzip.GzipFile):
@@ -130,17 +138,6 @@ def parse_values(path: str, data: bytes, damage: str | None, warnings: list[str]
     return docs
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while spans are built (they hold no cycles; a million new
-    objects would make it scan them over and over), then back as it was."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class ReaderState:
@@ -158,6 +155,58 @@ class ReaderState:
         self.notes: dict[str, int] = {}
         #: Names, keys and string values: one object of each.
         self.shared: dict[str, str] = {}
+        #: Raw trace id to its canonical form (valid ids only); also shares one string per trace.
+        self.trace_ids: dict[Any, str] = {}
+
+    def read_values(self, what: str) -> list[tuple[int, Any]]:
+        """The file's JSON values (see `parse_values`; `what` names the format), after a UTF-8 byte order mark.
+
+        Raises `InputError` for an empty file; a compressed stream that ends early is said in
+        the warnings when what came before it could be read.
+        """
+        path = self.path
+        data, damage = read_bytes(path)
+        if data.startswith(UTF8_BOM):
+            data = data[len(UTF8_BOM):]
+        if not data.strip():
+            if damage is not None:
+                raise InputError(f"{path}: compressed stream is truncated or damaged ({damage})")
+            raise InputError(f"{path}: file is empty")
+        docs = parse_values(path, data, damage, self.warnings, what)
+        if damage is not None:
+            self.warnings.append(f"{path}: compressed stream is truncated or damaged ({damage}); read what came before it")
+        return docs
+
+    def _remember_trace_id(self, raw_trace_id: str, trace_id: str) -> str:
+        """The one string of the valid trace id `trace_id`, first met as `raw_trace_id` (then remembered)."""
+        trace_ids = self.trace_ids
+        if len(trace_ids) > SHARED_MAX:
+            trace_ids.clear()  # only a cache: ids seen again are checked again
+        trace_id = trace_ids.setdefault(trace_id, trace_id)
+        trace_ids[raw_trace_id] = trace_id
+        return trace_id
+
+    def _otel_status_scope(self, attrs: dict[str, Any], error: bool) -> tuple[int, str]:
+        """The status (an error if `error`, else the `otel.status_code` tag) and the scope that the
+        OpenTelemetry-to-Jaeger and -Zipkin mappings put in tags; those tags are removed from `attrs`."""
+        status_code = STATUS_UNSET
+        raw_status = attrs.pop("otel.status_code", None)
+        attrs.pop("otel.status_description", None)
+        if error:
+            status_code = STATUS_ERROR
+        elif raw_status is not None:
+            found = STATUS_NAMES.get(raw_status.upper()) if type(raw_status) is str else None
+            if found is None:
+                self._note("read {n} span(s) with an unknown otel.status_code as unset")
+            else:
+                status_code = found
+        scope = attrs.pop("otel.scope.name", None)
+        library = attrs.pop("otel.library.name", None)
+        attrs.pop("otel.scope.version", None)
+        attrs.pop("otel.library.version", None)
+        if type(scope) is not str:
+            scope = library if type(library) is str else ""
+        return status_code, scope
 
     def _skip(self, reason: str) -> None:
         """Count a span (or a container of spans) skipped for `reason`."""

@@ -23,38 +23,28 @@ cannot be read is dropped, each counted into one warning per reason.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import orjson
 
+from latprof.capture.files import gc_paused
 from latprof.collectors.traces._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
-from latprof.collectors.traces._tracefile import ReaderState, gc_paused, parse_values as _parse_values, read_bytes as _read_bytes
+from latprof.collectors.traces._tracefile import DIGITS as _DIGITS, SHARED_MAX as _SHARED_MAX, ReaderState, TraceRead
+from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID, sniff_text as _sniff_text
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
-from latprof.collectors.traces.spans import KIND_NAMES, KIND_UNSPECIFIED, STATUS_ERROR, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
+from latprof.collectors.traces.spans import KIND_NAMES, KIND_UNSPECIFIED, STATUS_UNSET, Span, SpanEvent, SpanLink
 
-_UTF8_BOM = b"\xef\xbb\xbf"
 #: How far into a file `sniff` looks for the keys of a trace.
 _SNIFF_KEY_WINDOW = 4096
-_ZERO_TRACE_ID = "0" * 32
-_ZERO_SPAN_ID = "0" * 16
-_DIGITS = frozenset("0123456789")
-#: Distinct strings remembered per file to share one object of each (bounds memory).
-_SHARED_MAX = 500_000
 _CHILD_OF = "CHILD_OF"
 _FOLLOWS_FROM = "FOLLOWS_FROM"
 
 
 @dataclass
-class JaegerRead:
-    """The spans of one Jaeger JSON file, and what was skipped to read them."""
-
-    spans: list[Span] = field(default_factory=list)
-    #: One line each, naming the file, with counts ("x.json: skipped 3 span(s) without a valid spanID").
-    warnings: list[str] = field(default_factory=list)
-    #: Trace objects read.
-    documents: int = 0
+class JaegerRead(TraceRead):
+    """The spans of one Jaeger JSON file, and what was skipped to read them (`documents`: trace objects read)."""
 
 
 def sniff(head: bytes) -> bool:
@@ -66,8 +56,7 @@ def sniff(head: bytes) -> bool:
     `"resourceSpans"` nor Zipkin's `"traceId"` with `"id"` as keys. No parse: a latprof capture
     (`{"type": "header", ...`), OTLP JSON, Zipkin JSON, or a response with no trace in it is False.
     """
-    text = head[len(_UTF8_BOM):] if head.startswith(_UTF8_BOM) else head
-    text = text.lstrip()
+    text = _sniff_text(head)
     if not text.startswith((b"{", b"[")):
         return False
     window = text[:_SNIFF_KEY_WINDOW]
@@ -163,25 +152,13 @@ class _Reader(ReaderState):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        #: Raw trace id to its canonical form (valid ids only).
-        self.trace_ids: dict[str, str] = {}
         #: Messages of the query API's `errors`.
         self.api_errors: list[str] = []
 
     # --- files ----------------------------------------------------------------------------
 
     def read(self) -> None:
-        path = self.path
-        data, damage = _read_bytes(path)
-        if data.startswith(_UTF8_BOM):
-            data = data[len(_UTF8_BOM):]
-        if not data.strip():
-            if damage is not None:
-                raise InputError(f"{path}: compressed stream is truncated or damaged ({damage})")
-            raise InputError(f"{path}: file is empty")
-        docs = _parse_values(self.path, data, damage, self.warnings, "Jaeger JSON traces")
-        if damage is not None:
-            self.warnings.append(f"{path}: compressed stream is truncated or damaged ({damage}); read what came before it")
+        docs = self.read_values("Jaeger JSON traces")
         self._check_first(docs[0][1])
         for _, doc in docs:
             self._take(doc, top=True)
@@ -344,10 +321,7 @@ class _Reader(ReaderState):
                 if trace_id is None or trace_id == _ZERO_TRACE_ID:
                     skip("span(s) without a valid traceID")
                     continue
-                if len(trace_ids) > _SHARED_MAX:
-                    trace_ids.clear()  # only a cache: ids seen again are checked again
-                trace_id = trace_ids.setdefault(trace_id, trace_id)
-                trace_ids[raw_trace_id] = trace_id
+                trace_id = self._remember_trace_id(raw_trace_id, trace_id)
             span_id = _hex_id(sp.get("spanID"), 16)
             if span_id is None or span_id == _ZERO_SPAN_ID:
                 skip("span(s) without a valid spanID")
@@ -511,25 +485,9 @@ class _Reader(ReaderState):
                 self._note("read {n} span(s) with an unknown span.kind as unspecified")
             else:
                 kind = found
-        status_code = STATUS_UNSET
         # Jaeger's `error` tag is the last word on an error (as the OpenTelemetry Collector reads it).
         error = attrs.pop("error", None)
-        raw_status = attrs.pop("otel.status_code", None)
-        attrs.pop("otel.status_description", None)
-        if error is True or (type(error) is str and error.lower() == "true"):
-            status_code = STATUS_ERROR
-        elif raw_status is not None:
-            found = STATUS_NAMES.get(raw_status.upper()) if type(raw_status) is str else None
-            if found is None:
-                self._note("read {n} span(s) with an unknown otel.status_code as unset")
-            else:
-                status_code = found
-        scope = attrs.pop("otel.scope.name", None)
-        library = attrs.pop("otel.library.name", None)
-        attrs.pop("otel.scope.version", None)
-        attrs.pop("otel.library.version", None)
-        if type(scope) is not str:
-            scope = library if type(library) is str else ""
+        status_code, scope = self._otel_status_scope(attrs, error is True or (type(error) is str and error.lower() == "true"))
         return kind, status_code, scope
 
     # --- the result ----------------------------------------------------------------------

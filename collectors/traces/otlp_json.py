@@ -19,8 +19,8 @@ The loop over spans is the hot path of reading a million-span file: it takes the
 exporters write (lowercase hex ids, decimal-string times, integer kinds, string and int
 attribute values) in line, and hands anything else to `_careful_span`, which decides what the
 span means or why it is skipped. The fast path must never accept what the careful one would
-read differently; it may only send more spans to it (tests/otlp/test_otlp_json.py reads junk
-both ways and compares).
+read differently; it may only send more spans to it (tests/collectors/traces/test_otlp_json.py
+reads junk both ways and compares).
 """
 
 from __future__ import annotations
@@ -30,28 +30,26 @@ import binascii
 import gzip
 import os
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Any, Mapping
 
 import orjson
 
-from latprof.collectors.traces._tracefile import ReaderState, gc_paused, open_file
+from latprof.capture.files import gc_paused, open_input
+from latprof.collectors.traces._tracefile import SHARED_MAX as _SHARED_MAX, UTF8_BOM as _UTF8_BOM, ReaderState, TraceRead
+from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID, has_key
+from latprof.collectors.traces._tracefile import sniff_text as _sniff_text
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.collectors.traces.spans import KIND_NAMES, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
 
-_UTF8_BOM = b"\xef\xbb\xbf"
 #: How far into a file `sniff` looks for the top-level key.
 _SNIFF_KEY_WINDOW = 512
 _HEX = "0123456789abcdef"
 _HEX_BYTES = _HEX.encode()
-_ZERO_TRACE_ID = "0" * 32
-_ZERO_SPAN_ID = "0" * 16
 #: Span kinds and status codes by their number and by their names, each to its number.
 _KINDS: dict[Any, int] = {**{n: n for n in range(6)}, **KIND_NAMES}
 _STATUSES: dict[Any, int] = {**{n: n for n in range(3)}, **STATUS_NAMES}
-#: Distinct names, keys and values remembered per file to share one object of each (bounds memory).
-_SHARED_MAX = 500_000
 
 #: protobuf's field names of a Span (and its parts) to their JSON names.
 _SNAKE_TO_CAMEL = {
@@ -77,14 +75,9 @@ class _Unreadable(Exception):
 
 
 @dataclass
-class OtlpRead:
-    """The spans of one OTLP JSON file, and what was skipped to read them."""
-
-    spans: list[Span] = field(default_factory=list)
-    #: One line each, naming the file, with counts ("x.json: skipped 3 span(s) without a valid spanId").
-    warnings: list[str] = field(default_factory=list)
-    #: `ExportTraceServiceRequest` objects read.
-    documents: int = 0
+class OtlpRead(TraceRead):
+    """The spans of one OTLP JSON file, and what was skipped to read them (`documents`:
+    `ExportTraceServiceRequest` objects read)."""
 
 
 def sniff(head: bytes) -> bool:
@@ -95,20 +88,13 @@ def sniff(head: bytes) -> bool:
     bytes, possibly inside an outer `{"result": ...}`. No parse: a capture file (`{"type":
     "header", ...`) or any other JSON is False.
     """
-    text = head[len(_UTF8_BOM):] if head.startswith(_UTF8_BOM) else head
-    text = text.lstrip()
+    text = _sniff_text(head)
     if text.startswith(b"["):
         text = text[1:].lstrip()
     if not text.startswith(b"{"):
         return False
     window = text[:_SNIFF_KEY_WINDOW]
-    for key in (b'"resourceSpans"', b'"resource_spans"'):
-        at = window.find(key)
-        while at >= 0:
-            if window[at + len(key):].lstrip()[:1] in (b":", b""):  # a key (or the head ends there)
-                return True
-            at = window.find(key, at + 1)
-    return False
+    return has_key(window, b'"resourceSpans"') or has_key(window, b'"resource_spans"')
 
 
 def read_otlp_json(path: str | os.PathLike[str]) -> OtlpRead:
@@ -240,8 +226,6 @@ class _Reader(ReaderState):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        #: Raw trace id to its lowercase hex form (valid ids only); also shares one string per trace.
-        self.trace_ids: dict[Any, str] = {}
         #: Parent span ids (valid ones, lowercase hex): one object of each.
         self.parent_ids: dict[str, str] = {}
         self.other_signals = 0
@@ -254,7 +238,7 @@ class _Reader(ReaderState):
 
     def read(self) -> None:
         path = self.path
-        stream = open_file(path)
+        stream = open_input(path)
         lineno = 0
         try:
             first = b""

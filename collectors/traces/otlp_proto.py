@@ -29,12 +29,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from latprof.collectors.traces._tracefile import gc_paused, read_bytes as _read_bytes
+from latprof.capture.files import gc_paused
+from latprof.collectors.traces._tracefile import read_bytes as _read_bytes
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.collectors.traces.spans import STATUS_UNSET, Span, SpanEvent, SpanLink
 
-_GZIP_MAGIC = b"\x1f\x8b"
 #: The first byte of a request: field 1 (`resource_spans`), length-delimited.
 _RESOURCE_SPANS_TAG = 0x0A
 _ZERO_TRACE_ID = bytes(16)
@@ -213,7 +213,7 @@ class Counters:
 
 def parse_request(data: bytes | memoryview) -> Any:
     """Decode a binary `ExportTraceServiceRequest`; raises `ValueError` (one line) when `data` is not one."""
-    from google.protobuf.message import DecodeError
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     try:
@@ -224,7 +224,7 @@ def parse_request(data: bytes | memoryview) -> Any:
 
 def export_response(rejected_spans: int = 0, error_message: str = "", *, json: bool = False) -> bytes:
     """An `ExportTraceServiceResponse` (a partial success when either argument is set), protobuf or OTLP JSON."""
-    from google.protobuf import json_format
+    from google.protobuf import json_format  # type: ignore[import-untyped]
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
     response = ExportTraceServiceResponse()

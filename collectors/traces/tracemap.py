@@ -42,7 +42,7 @@ from latprof.semconv import (
 )
 from latprof.collectors.traces.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, Span
 
-#: Path suffixes of LLM API calls (DESIGN.md "What is an LLM call"); first match wins.
+#: Path suffixes of LLM API calls (docs/design.md "What is an LLM call"); first match wins.
 DEFAULT_LLM_PATHS: tuple[str, ...] = ("/chat/completions", "/completions", "/responses", "/embeddings", "/v1/messages")
 
 SQLALCHEMY_SCOPE = "opentelemetry.instrumentation.sqlalchemy"

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import orjson
 
+from latprof.capture.files import gc_paused
 from latprof.collectors.traces._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
-from latprof.collectors.traces._tracefile import ReaderState, gc_paused, parse_values as _parse_values, read_bytes as _read_bytes
+from latprof.collectors.traces._tracefile import DIGITS as _DIGITS, SHARED_MAX as _SHARED_MAX, ReaderState, TraceRead
+from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID, sniff_text as _sniff_text
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.collectors.traces.spans import (
@@ -38,22 +40,14 @@ from latprof.collectors.traces.spans import (
     KIND_NAMES,
     KIND_PRODUCER,
     KIND_UNSPECIFIED,
-    STATUS_ERROR,
-    STATUS_NAMES,
     STATUS_UNSET,
     Span,
     SpanEvent,
 )
 
-_UTF8_BOM = b"\xef\xbb\xbf"
 #: How far into a file `sniff` looks for the keys of a span.
 _SNIFF_KEY_WINDOW = 4096
-_ZERO_TRACE_ID = "0" * 32
-_ZERO_SPAN_ID = "0" * 16
-_DIGITS = frozenset("0123456789")
 _DIGIT_CHARS = tuple("0123456789")
-#: Distinct strings remembered per file to share one object of each (bounds memory).
-_SHARED_MAX = 500_000
 #: OpenTelemetry attributes that are integers (Zipkin tags carry them as text), among them those latprof reads.
 _INT_TAGS = frozenset({
     "http.response.status_code", "http.status_code", "server.port", "client.port", "net.peer.port", "net.host.port",
@@ -67,14 +61,9 @@ _FLOAT_TEXT = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 @dataclass
-class ZipkinRead:
-    """The spans of one Zipkin JSON file, and what was skipped to read them."""
-
-    spans: list[Span] = field(default_factory=list)
-    #: One line each, naming the file, with counts ("x.json: skipped 3 span(s) without a valid id").
-    warnings: list[str] = field(default_factory=list)
-    #: Span lists read (each trace of an array of traces; a flat array of spans is one).
-    documents: int = 0
+class ZipkinRead(TraceRead):
+    """The spans of one Zipkin JSON file, and what was skipped to read them (`documents`: span lists
+    read, each trace of an array of traces; a flat array of spans is one)."""
 
 
 def sniff(head: bytes) -> bool:
@@ -86,8 +75,7 @@ def sniff(head: bytes) -> bool:
     as keys. No parse: a latprof capture (`{"type": "header", ...`), OTLP JSON and Jaeger JSON
     are False.
     """
-    text = head[len(_UTF8_BOM):] if head.startswith(_UTF8_BOM) else head
-    text = text.lstrip()
+    text = _sniff_text(head)
     if not text.startswith(b"["):
         return False
     inner = text[1:].lstrip()
@@ -161,8 +149,6 @@ class _Reader(ReaderState):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        #: Raw trace id to its canonical form (valid ids only).
-        self.trace_ids: dict[str, str] = {}
         #: Service name to the resource mapping all its spans share.
         self.resources: dict[str, Mapping[str, Any]] = {}
         #: The span ids kept, by trace id, to keep only the first of a repeated id.
@@ -173,17 +159,7 @@ class _Reader(ReaderState):
     # --- files ----------------------------------------------------------------------------
 
     def read(self) -> None:
-        path = self.path
-        data, damage = _read_bytes(path)
-        if data.startswith(_UTF8_BOM):
-            data = data[len(_UTF8_BOM):]
-        if not data.strip():
-            if damage is not None:
-                raise InputError(f"{path}: compressed stream is truncated or damaged ({damage})")
-            raise InputError(f"{path}: file is empty")
-        docs = _parse_values(self.path, data, damage, self.warnings, "Zipkin JSON spans")
-        if damage is not None:
-            self.warnings.append(f"{path}: compressed stream is truncated or damaged ({damage}); read what came before it")
+        docs = self.read_values("Zipkin JSON spans")
         self._check_first(docs[0][1])
         for _, doc in docs:
             self._take(doc)
@@ -254,10 +230,7 @@ class _Reader(ReaderState):
                 if trace_id is None or trace_id == _ZERO_TRACE_ID:
                     skip("span(s) without a valid traceId")
                     continue
-                if len(trace_ids) > _SHARED_MAX:
-                    trace_ids.clear()  # only a cache: ids seen again are checked again
-                trace_id = trace_ids.setdefault(trace_id, trace_id)
-                trace_ids[raw_trace_id] = trace_id
+                trace_id = self._remember_trace_id(raw_trace_id, trace_id)
             span_id = _hex_id(sp.get("id"), 16)
             if span_id is None or span_id == _ZERO_SPAN_ID:
                 skip("span(s) without a valid id")
@@ -349,7 +322,11 @@ class _Reader(ReaderState):
             status_code = STATUS_UNSET
             scope = ""
             if attrs:
-                status_code, scope = self._otel_tags(attrs)
+                # Zipkin's `error` tag marks an error whatever its value (the status description, often "").
+                error = attrs.pop("error", None)
+                status_code, scope = self._otel_status_scope(
+                    attrs, error is not None and error is not False and not (type(error) is str and error.lower() == "false")
+                )
             if remote and (kind == KIND_CLIENT or kind == KIND_PRODUCER):
                 self._remote(remote, attrs)
             service = shared.setdefault(service, service)
@@ -387,29 +364,6 @@ class _Reader(ReaderState):
             name, attrs = _annotation(value)
             events.append(SpanEvent(shared.setdefault(name, name), ts, attrs))
         return tuple(events)
-
-    def _otel_tags(self, attrs: dict[str, Any]) -> tuple[int, str]:
-        """The status and scope the OpenTelemetry-to-Zipkin mapping put in tags; those tags are removed from `attrs`."""
-        status_code = STATUS_UNSET
-        # Zipkin's `error` tag marks an error whatever its value (the status description, often "").
-        error = attrs.pop("error", None)
-        raw_status = attrs.pop("otel.status_code", None)
-        attrs.pop("otel.status_description", None)
-        if error is not None and error is not False and not (type(error) is str and error.lower() == "false"):
-            status_code = STATUS_ERROR
-        elif raw_status is not None:
-            found = STATUS_NAMES.get(raw_status.upper()) if type(raw_status) is str else None
-            if found is None:
-                self._note("read {n} span(s) with an unknown otel.status_code as unset")
-            else:
-                status_code = found
-        scope = attrs.pop("otel.scope.name", None)
-        library = attrs.pop("otel.library.name", None)
-        attrs.pop("otel.scope.version", None)
-        attrs.pop("otel.library.version", None)
-        if type(scope) is not str:
-            scope = library if type(library) is str else ""
-        return status_code, scope
 
     def _remote(self, remote: dict[str, Any], attrs: dict[str, Any]) -> None:
         """A client or producer span's remote endpoint as the server it called, unless its tags say so already."""

@@ -7,10 +7,11 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 import orjson
 
+from latprof.capture.files import open_input
 from latprof.capture.format import DECODERS, SCHEMA, SCHEMA_PREFIX, SOURCE_KINDS
 from latprof.errors import InputError, SchemaVersionError
 from latprof.events import NO_ATTRS, Gauge, QualityRecord, Request, Segment, StackSample
@@ -19,7 +20,6 @@ from latprof.collectors.traces import jaeger_json, otlp_json, otlp_proto, zipkin
 from latprof.collectors.traces.spans import Span
 from latprof.collectors.traces.tracemap import map_spans
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _CAPTURE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz", ".json", ".json.gz")
 _TRACE_SUFFIXES = (".json", ".json.gz")
 #: Binary trace files (OTLP protobuf) a directory stands for, when their content says so.
@@ -147,7 +147,7 @@ TRACE_FORMATS = (
 def _trace_format(path: Path) -> TraceFormat | None:
     """The trace format the file's content (not its name) is in, or None (a capture, or not ours)."""
     try:
-        with _open(path) as stream:
+        with open_input(path) as stream:
             head = stream.read(_SNIFF_BYTES)
     except (EOFError, gzip.BadGzipFile, zlib.error):
         return None  # damaged: the capture reader says so
@@ -174,19 +174,6 @@ def _add_traces(spans: list[Span], formats: list[tuple[str, str]], data: Capture
         data.segments_by_request.setdefault(rid, []).extend(segments)
     data.segment_count += events.segment_count
     data.warnings.extend(events.warnings)
-
-
-def _open(path: Path) -> IO[bytes]:
-    try:
-        raw = open(path, "rb")
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    if raw.peek(2)[:2] != _GZIP_MAGIC:
-        return raw
-    raw.close()
-    return gzip.open(path, "rb")  # type: ignore[return-value]
 
 
 def _check_header(path: Path, lineno: int, header: dict[str, Any]) -> None:
@@ -220,7 +207,7 @@ def _read_file(path: Path, data: CaptureData) -> None:
     segments = 0
     valueless_gauges = 0
 
-    stream = _open(path)
+    stream = open_input(path)
     try:
         for line in stream:
             lineno += 1

@@ -1,0 +1,164 @@
+"""The `latprof` click group and what its commands share: options, error handling, writing output."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TextIO, TypeVar
+
+import click
+from rich.cells import cell_len
+from rich.console import Console
+from rich.text import Text
+
+from latprof import __version__
+from latprof.analysis.requests import DEFAULT_WARMUP_S
+from latprof.errors import InputError, LatprofError
+from latprof.report import renderers
+
+if TYPE_CHECKING:
+    from latprof.report.model import Report
+
+# Exit codes: 0 ok, 1 a failed check, 2 usage/input/config errors, 3 a latprof bug.
+EXIT_INTERNAL = 3
+
+# Big results a command is done with: freeing millions of objects one by one takes longer
+# than exiting, so the console script (`entry_point`) leaves without freeing them.
+KEEP_UNTIL_EXIT: list[object] = []
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Main(click.Group):
+    """Turns every error into one line on stderr and its exit code; tracebacks only with --debug."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except LatprofError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"latprof: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            click.echo("latprof: interrupted", err=True)
+            ctx.exit(130)
+        except BrokenPipeError:  # `latprof ... | head`: the reader left; so do we, quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # Python's docs: keep the exit flush from failing again
+            ctx.exit(0)
+        except Exception as exc:  # a bug: still one line unless asked for the traceback
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(
+                f"latprof: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True
+            )
+            ctx.exit(EXIT_INTERNAL)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="latprof")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Find which layer really owns your AI service's p99: DB pool, queueing, provider floor,
+    decode, event loop, HTTP pool, retries or locks."""
+    ctx.obj = {"debug": debug}
+
+
+# --- options ----------------------------------------------------------------------------------
+
+
+def format_option(fn: F) -> F:
+    """`--format` of a command that prints a report: the formats registered on `renderers.REPORT`."""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(renderers.REPORT.names()),
+        default="text",
+        show_default=True,
+        help="Report format.",
+    )(fn)
+
+
+def output_option(what: str) -> Callable[[F], F]:
+    """`-o/--output FILE`: write `what` there instead of stdout."""
+    return click.option(
+        "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help=f"Write the {what} here instead of stdout."
+    )
+
+
+def warmup_option(fn: F) -> F:
+    return click.option(
+        "--skip-warmup",
+        "warmup_s",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_WARMUP_S,
+        show_default=True,
+        metavar="S",
+        help="Leave out the first S seconds of each process's traffic (of each service instance's, in traces).",
+    )(fn)
+
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(path_type=Path), metavar="FILE",
+    help="pyproject.toml ([tool.latprof]) or latprof.toml; default: the nearest one from the working directory.",
+)  # fmt: skip
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def emit(write: Callable[[TextIO], None], output: Path | None) -> None:
+    """Call `write` with stdout, or with the file `output` (an unwritable one is an `InputError`)."""
+    if output is None:
+        write(sys.stdout)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as out:
+            write(out)
+    except OSError as exc:
+        raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from None
+
+
+def print_report(report: Report, fmt: str, output: Path | None) -> None:
+    """Write `report` in the format `fmt` to stdout, or to the file `output`."""
+    emit(lambda out: renderers.REPORT.render(fmt, report, out), output)
+
+
+def report_command(capture: Path, warmup_s: float = DEFAULT_WARMUP_S) -> str:
+    """The command that prints the report of `capture` again."""
+    return f"latprof analyze {capture}" + ("" if warmup_s == DEFAULT_WARMUP_S else f" --skip-warmup {warmup_s:g}")
+
+
+def print_capture_report(report: Report, fmt: str, output: Path | None, capture: Path, *, written: str = "",
+                         warmup_s: float = DEFAULT_WARMUP_S) -> None:  # fmt: skip
+    """The report at the end of `run`, `attach` and `receive`, set apart from what came before it.
+
+    A service's own output (thousands of access-log lines) precedes it: a banner on stderr
+    opens the report, and a footer on stderr says where the capture was written (`written`
+    adds to that) and how to see the report again. stdout holds the report alone, so a JSON
+    report stays parseable.
+    """
+    if output is None:
+        banner(f"latprof report — {capture}")
+    print_report(report, fmt, output)
+    sys.stdout.flush()  # the report before the footer, when both go to one terminal
+    if output is not None:
+        click.echo(f"latprof: report written to {output}", err=True)
+    click.echo(f"latprof: capture written to {capture}{written}; to see this report again: {report_command(capture, warmup_s)}",
+               err=True)  # fmt: skip
+
+
+def banner(title: str) -> None:
+    """A rule across stderr with `title` in it; the rule, then the whole title, when it does not fit in it."""
+    console = Console(file=sys.stderr, highlight=False)
+    text = Text(title, style="bold")
+    if cell_len(title) + 8 <= console.width:
+        console.rule(text, style="cyan")
+    else:  # a long capture path stays whole, to be copied
+        console.rule(style="cyan")
+        console.print(text, soft_wrap=True)

@@ -1,0 +1,37 @@
+"""`latprof analyze`: diagnose captures and trace files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from latprof.cli._common import KEEP_UNTIL_EXIT, config_option, format_option, main, output_option, print_report, warmup_option
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@format_option
+@output_option("report")
+@warmup_option
+@config_option
+@click.pass_context
+def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float,
+            config_path: Path | None) -> None:  # fmt: skip
+    """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
+
+    PATHS are capture files (.jsonl or .jsonl.gz), OpenTelemetry OTLP JSON trace files (.json,
+    .gz; told by content) or directories of them; several are merged. The rules run as the
+    config (`[tool.latprof]`, latprof.toml) sets them.
+    """
+    from latprof.ci.config import load_config
+    from latprof.engine import all_rules
+    from latprof.pipeline import run_configured
+
+    classes = all_rules()
+    config = load_config(config_path, rule_classes=classes)
+    given = ctx.get_parameter_source("warmup_s") is not click.core.ParameterSource.DEFAULT
+    diagnosis = run_configured(paths, config, classes, warmup_s=warmup_s if given else None)
+    print_report(diagnosis.report, fmt, output)
+    # The analysis stays referenced until here: `run` leaves without freeing it.
+    KEEP_UNTIL_EXIT.append(diagnosis)

@@ -1,0 +1,50 @@
+"""`latprof demo`: a bundled AI service with a known fault, under load, diagnosed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from latprof.analysis.requests import DEFAULT_WARMUP_S
+from latprof.cli._common import KEEP_UNTIL_EXIT, format_option, main, output_option, print_report
+
+
+@main.command()
+@click.option(
+    "--scenario",
+    default="pool-held-across-llm",
+    show_default=True,
+    metavar="NAME",
+    help=(
+        "The fault to show: pool-held-across-llm, threadpool-queueing, provider-floor, provider-spikes,"
+        " long-outputs, blocking-call, or healthy (no fault)."
+    ),
+)
+@click.option("--dsn", metavar="URL", help="PostgreSQL URL (postgresql://user@host:5432/db) instead of a temporary SQLite file.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Capture file [default: latprof-demo-<date>-<time>.jsonl].",
+)
+@click.option(
+    "--seconds",
+    "duration_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="S",
+    help="Seconds of load [default: $LATPROF_DEMO_SECONDS or 20].",
+)
+@format_option
+@output_option("report")
+def demo(scenario: str, dsn: str | None, out: Path | None, duration_s: float | None, fmt: str, output: Path | None) -> None:
+    """Run a bundled AI service with a known fault under load, and diagnose it.
+
+    Starts a local OpenAI-compatible provider and a small FastAPI + SQLAlchemy + openai service
+    under `latprof run`, sends open-loop load for ~20 s, stops the service and prints the report.
+    """
+    from latprof.demo.run import run_demo
+
+    result = run_demo(scenario, dsn=dsn, capture=out, duration_s=duration_s, warmup_s=DEFAULT_WARMUP_S)
+    print_report(result.report, fmt, output)
+    KEEP_UNTIL_EXIT.append(result)

@@ -1,0 +1,93 @@
+"""`latprof receive`: take traces from running services over OTLP/HTTP, then diagnose them."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import click
+
+from latprof.cli._common import KEEP_UNTIL_EXIT, format_option, main, output_option, print_capture_report, warmup_option
+from latprof.errors import CollectorError, InputError
+
+if TYPE_CHECKING:
+    from latprof.collectors.traces.receive import ReceiveStats
+
+
+@main.command()
+@click.option("--listen", metavar="HOST:PORT",
+              help="Where to serve OTLP/HTTP [default: 127.0.0.1:4318]. Another address than loopback is used only when"
+              " named here, with a warning.")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="The trace file written, OTLP JSON lines [default: latprof-receive-<date>-<time>.otlp.jsonl].")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="Stop after S seconds [default: at Ctrl-C or SIGTERM].")
+@click.option("--max-spans", type=click.IntRange(min=1), metavar="N",
+              help="Keep at most N spans; exporters are told the rest were rejected (partial success) [default: 2,000,000].")
+@format_option
+@output_option("report")
+@warmup_option
+def receive(listen: str | None, out: Path | None, duration_s: float | None, max_spans: int | None, fmt: str,
+            output: Path | None, warmup_s: float) -> None:  # fmt: skip
+    """Receive traces from running services over OTLP/HTTP until Ctrl-C (or --duration), then diagnose them.
+
+    Point a service's OpenTelemetry exporter here, e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318
+    and OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf: POST /v1/traces takes protobuf or OTLP JSON bodies,
+    gzip or not. What arrives is written to --out as OTLP JSON lines, which `latprof analyze` reads.
+    """
+    import signal
+    import threading
+
+    from latprof.pipeline import run_diagnosis
+    from latprof.collectors.traces.receive import DEFAULT_LISTEN, DEFAULT_MAX_SPANS, Receiver, is_loopback, parse_listen
+
+    host, port = parse_listen(listen or DEFAULT_LISTEN)
+    if not is_loopback(host):
+        click.echo(f"latprof receive: warning: {host} is not a loopback address: whatever reaches this host on port {port}"
+                   " can send spans", err=True)  # fmt: skip
+    capture = out or Path(time.strftime("latprof-receive-%Y%m%d-%H%M%S.otlp.jsonl"))
+    receiver = Receiver(host, port, capture, max_spans=max_spans or DEFAULT_MAX_SPANS)
+    click.echo(f"latprof receive: listening on {receiver.endpoint} (OTLP/HTTP, protobuf or JSON), writing {capture};"
+               + (f" diagnosing after {duration_s:g} s" if duration_s else " Ctrl-C to stop and diagnose"), err=True)  # fmt: skip
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stats = receiver.serve(stop, duration_s, _receive_progress())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if sys.stderr.isatty():
+            click.echo("", err=True)
+    for line in stats.summary_lines():
+        click.echo(f"latprof receive: {line}", err=True)
+    if receiver.write_error is not None:
+        raise InputError(f"{capture}: cannot write: {receiver.write_error}")
+    if not stats.spans:
+        capture.unlink(missing_ok=True)  # nothing in it
+        raise CollectorError(f"no spans received on {receiver.endpoint}; was OTEL_EXPORTER_OTLP_ENDPOINT set to {receiver.base_url}?")
+    diagnosis = run_diagnosis([capture], warmup_s=warmup_s, source_kind="receive")
+    print_capture_report(diagnosis.report, fmt, output, capture, warmup_s=warmup_s,
+                         written=f" ({stats.spans:,} spans from {stats.requests:,} export requests)")  # fmt: skip
+    KEEP_UNTIL_EXIT.append(diagnosis)
+
+
+def _receive_progress() -> Callable[[ReceiveStats, float], None]:
+    """A `\\r` line on a terminal (every tick); otherwise a line every 5 s while spans arrive."""
+    tty = sys.stderr.isatty()
+    last_at, last_counts = 0.0, (0, 0)
+
+    def progress(stats: ReceiveStats, elapsed_s: float) -> None:
+        nonlocal last_at, last_counts
+        line = f"latprof receive: {stats.spans:,} spans from {stats.requests:,} requests in {elapsed_s:.0f} s"
+        refused = stats.rejected_spans + stats.dropped_spans
+        if refused:
+            line += f", {refused:,} spans refused"
+        if tty:
+            click.echo(f"\r{line}   ", err=True, nl=False)
+        elif elapsed_s - last_at >= 5 and (stats.spans, stats.requests) != last_counts:
+            click.echo(line, err=True)
+            last_at, last_counts = elapsed_s, (stats.spans, stats.requests)
+
+    return progress

@@ -1,0 +1,124 @@
+"""`latprof run -- CMD`: run a Python service with latprof's hooks, and diagnose it when it stops."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from latprof.cli._common import (
+    KEEP_UNTIL_EXIT,
+    format_option,
+    main,
+    output_option,
+    print_capture_report,
+    report_command,
+    warmup_option,
+)
+from latprof.errors import CollectorError, ConfigError, LatprofError
+from latprof.semconv import DEFAULT_MAX_RATE
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Capture file every process of the command appends to [default: latprof-<date>-<time>.jsonl].",
+)
+@format_option
+@output_option("report")
+@click.option("--no-report", is_flag=True, help="Only record; print no report when the command ends.")
+@click.option(
+    "--hooks",
+    default="all",
+    show_default=True,
+    metavar="NAMES",
+    help="Comma-separated hooks to load, or all (`--list` shows them).",
+)
+@click.option(
+    "--disable",
+    multiple=True,
+    metavar="NAMES",
+    help="Hooks not to load (comma-separated; may be repeated).",
+)
+@click.option("--list", "list_hooks", is_flag=True, help="List every hook and what it records, then exit.")
+@click.option(
+    "--max-rate",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_MAX_RATE,
+    show_default=True,
+    metavar="N",
+    help="Record at most about N requests a second per process; above that a random sample of them,"
+    " each weighted by the requests it stands for. 0 records every request.",
+)
+@warmup_option
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run(
+    ctx: click.Context,
+    out: Path | None,
+    fmt: str,
+    output: Path | None,
+    no_report: bool,
+    hooks: str,
+    disable: tuple[str, ...],
+    list_hooks: bool,
+    max_rate: float,
+    warmup_s: float,
+    cmd: tuple[str, ...],
+) -> None:
+    """Run a Python service with latprof's hooks, and diagnose it when it stops.
+
+    Everything after `--` is the command, e.g. `latprof run -- uvicorn app:app`. Every Python
+    process it starts loads the hooks (no code change); signals sent to latprof go on to it;
+    latprof exits with the command's exit code.
+    """
+    from latprof.collectors.hooks.launcher import (
+        available_hooks,
+        describe_hooks,
+        processes_with_hooks,
+        run_with_hooks,
+    )
+    from latprof.pipeline import run_diagnosis
+
+    if list_hooks:
+        for name, summary in describe_hooks():
+            click.echo(f"{name:<14} {summary}")
+        return
+    if not cmd:
+        raise click.UsageError("no command: `latprof run [OPTIONS] -- CMD ARGS...` (or `latprof run --list`)")
+    known = available_hooks()
+    wanted = [name.strip() for name in hooks.split(",") if name.strip()]
+    if wanted != ["all"]:
+        unknown = sorted(set(wanted) - set(known))
+        if unknown:
+            raise ConfigError(f"--hooks: no hook {', '.join(unknown)} (known: {', '.join(known)})")
+    disabled = {name.strip() for item in disable for name in item.split(",") if name.strip()}
+    if disabled:
+        unknown = sorted(disabled - set(known))
+        if unknown:
+            raise ConfigError(f"--disable: no hook {', '.join(unknown)} (known: {', '.join(known)})")
+        wanted = [name for name in (known if wanted == ["all"] else wanted) if name not in disabled]
+        if not wanted:
+            raise ConfigError("--disable: every hook is disabled; nothing would be recorded")
+    capture = out or Path(time.strftime("latprof-%Y%m%d-%H%M%S.jsonl"))
+    code = run_with_hooks(cmd, capture, hooks=",".join(wanted), max_rate=max_rate)
+    if not processes_with_hooks(capture):
+        raise CollectorError(
+            f"no process of `{' '.join(cmd)}` loaded latprof's hooks (it exited with {code}): latprof must be"
+            " importable by the command's Python - install latprof into the service's environment"
+            " (e.g. `pip install latprof` in its virtualenv) and run again"
+        )
+    if no_report:
+        click.echo(f"latprof: capture written to {capture}; its report: {report_command(capture, warmup_s)}", err=True)
+        ctx.exit(code)
+    try:
+        diagnosis = run_diagnosis([capture], warmup_s=warmup_s)
+    except LatprofError as exc:
+        click.echo(f"latprof: capture written to {capture}", err=True)
+        click.echo(f"latprof: no report: {exc}", err=True)
+    else:
+        print_capture_report(diagnosis.report, fmt, output, capture, warmup_s=warmup_s)
+        KEEP_UNTIL_EXIT.append(diagnosis)
+    ctx.exit(code)
