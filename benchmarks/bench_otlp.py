@@ -46,10 +46,10 @@ os._exit(0)  # skip freeing a million spans at exit: not part of reading
 ANALYZE = """
 import io, os, sys, time
 from latprof.pipeline import run_diagnosis
-from latprof.report.renderers import get
+from latprof.report.renderers import REPORT
 start = time.perf_counter()
 diagnosis = run_diagnosis([sys.argv[1]])
-get("json")(diagnosis.report, io.StringIO())
+REPORT.render("json", diagnosis.report, io.StringIO())
 print(time.perf_counter() - start, diagnosis.report.window["requests"], diagnosis.report.verdict.status, flush=True)
 os._exit(0)
 """

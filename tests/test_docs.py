@@ -121,6 +121,31 @@ def test_no_text_points_outside_the_repository(doc: Path) -> None:
     assert not hits, "text pointing outside the repository:\n" + "\n".join(hits)
 
 
+def source_files() -> list[Path]:
+    """Every Python file of the project (not following latprof/'s links to collectors/ and rules/)."""
+    import os
+
+    found = []
+    for top in ("latprof", "collectors", "rules", "tests", "benchmarks", "examples"):
+        for folder, dirs, files in os.walk(ROOT / top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            found += [Path(folder, f) for f in files if f.endswith(".py")]
+    return sorted(found)
+
+
+def test_no_code_comment_points_outside_the_repository() -> None:
+    this = Path(__file__).resolve()
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in source_files()
+        if path.resolve() != this
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert len(source_files()) > 100
+    assert not hits, "code pointing outside the repository (point at docs/ instead):\n" + "\n".join(hits)
+
+
 def test_the_link_checker_finds_broken_links_and_knows_headings(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(

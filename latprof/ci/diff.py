@@ -4,7 +4,7 @@
 layer's mean time in the slowest 1%) in, one `Diff` out. `load` turns a path into what it
 needs: a capture or trace file is diagnosed by `latprof.pipeline.run_diagnosis`, a saved
 report (`latprof analyze --format json`, schema `latprof.report/1`) is read back as it is.
-Renderers (`text`, `json`, `markdown`) are registered by name in `RENDERERS`.
+Its formats (`text`, `json`, `markdown`) are renderers, registered on `latprof.report.renderers.DIFF`.
 
 The `json` format, schema `latprof.diff/1` (add fields freely, never rename one without
 bumping it)::
@@ -45,7 +45,7 @@ import gzip
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import orjson
 
@@ -53,7 +53,6 @@ from latprof.analysis.requests import DEFAULT_WARMUP_S, Analysis
 from latprof.engine import Finding, fmt_ms
 from latprof.errors import InputError
 from latprof.layers import LAYERS
-from latprof.report.renderers import Formats
 from latprof.report.model import SCHEMA as REPORT_SCHEMA
 from latprof.report.model import LayerRow, Report, Verdict, WindowRow
 
@@ -622,134 +621,3 @@ def regression_failure(diff: Diff) -> str | None:
         f"p99 regressed {signed_pct(regression.p99_pct)} ({fmt_ms(p99.before)} → {fmt_ms(p99.after)}),"
         f" more than the allowed +{regression.threshold_pct:g}%"
     )
-
-
-# --- renderers --------------------------------------------------------------------------------
-
-#: The formats of `latprof diff --format`, by name.
-RENDERERS: Formats[Diff] = Formats("diff")
-register = RENDERERS.register
-
-
-def names() -> list[str]:
-    return RENDERERS.names()
-
-
-def render(diff: Diff, fmt: str, out: TextIO) -> None:
-    RENDERERS.render(diff, fmt, out)
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else fmt_ms(value)
-
-
-def _side_line(report: Report, label: str) -> str:
-    requests = report.window.get("requests")
-    lat = report.latency_ms
-    text = f"{label} ({requests if requests is not None else '?'} requests"
-    if lat:
-        text += f", p50 {fmt_ms(lat['p50'])}, p99 {fmt_ms(lat['p99'])}"
-    return text + f", verdict {verdict_label(report.verdict)})"
-
-
-def _layer_cells(diff: Diff) -> list[tuple[str, str, str, str]]:
-    return [
-        (
-            c.layer,
-            f"{_ms(c.p99_ms.before)} → {_ms(c.p99_ms.after)}",
-            f"{_share(c.share_of_tail_excess.before)} → {_share(c.share_of_tail_excess.after)}",
-            signed_ms(c.tail_delta_ms),
-        )
-        for c in diff.layers
-    ]
-
-
-def _tail_header(diff: Diff) -> str:
-    return "Δ tail (slowest 1%)" if diff.tail_metric == TAIL_MEAN else "Δ tail excess"
-
-
-@register("text")
-def render_text(diff: Diff, out: TextIO) -> None:
-    """The sentence, both sides, a layer table and the findings that came and went."""
-    out.write(diff.summary + "\n\n")
-    out.write(f"before  {_side_line(diff.before, diff.before_input)}\n")
-    out.write(f"after   {_side_line(diff.after, diff.after_input)}\n")
-    rows = [("layer", "p99 before → after", "tail share before → after", _tail_header(diff)), *_layer_cells(diff)]
-    if len(rows) > 1:
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        out.write("\n")
-        for row in rows:
-            out.write(
-                f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]:>{widths[3]}}".rstrip()
-                + "\n"
-            )
-    lines = (
-        [f"+ {f.rule} ({f.layer or '-'}): {f.summary}" for f in diff.findings.appeared]
-        + [f"- {f.rule} ({f.layer or '-'}): {f.summary}" for f in diff.findings.disappeared]
-        + [f"= {f.rule} ({f.layer or '-'})" for f in diff.findings.unchanged]
-    )
-    if lines:
-        out.write("\nfindings (+ new, - gone, = in both)\n")
-        out.write("".join(line + "\n" for line in lines))
-    failure = _regression_line(diff)
-    if failure:
-        out.write(f"\n{failure}\n")
-
-
-def _regression_line(diff: Diff) -> str | None:
-    regression = diff.regression
-    if regression.threshold_pct is None:
-        return None
-    if regression.p99_pct is None:
-        return f"regression check (+{regression.threshold_pct:g}% allowed): not possible, a side has no p99"
-    outcome = "FAILED" if regression.failed else "passed"
-    return f"regression check: p99 {signed_pct(regression.p99_pct)}, +{regression.threshold_pct:g}% allowed: {outcome}"
-
-
-@register("json")
-def render_json(diff: Diff, out: TextIO) -> None:
-    """The `latprof.diff/1` dict (module docstring), indented."""
-    out.write(orjson.dumps(diff.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
-    out.write("\n")
-
-
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-@register("markdown")
-def render_markdown(diff: Diff, out: TextIO) -> None:
-    """GitHub-flavoured markdown for a pull-request comment or `$GITHUB_STEP_SUMMARY`."""
-    out.write("### latprof diff\n\n")
-    out.write(f"**{_md(diff.summary)}**\n\n")
-    line = _regression_line(diff)
-    if line:
-        out.write(f"{_md(line)}\n\n")
-    out.write("| | before | after | change |\n|---|---:|---:|---:|\n")
-    out.write(f"| input | `{_md(diff.before_input)}` | `{_md(diff.after_input)}` | |\n")
-    out.write(f"| requests | {diff.before.window.get('requests', '-')} | {diff.after.window.get('requests', '-')} | |\n")
-    for name, change in diff.latency_ms.items():
-        delta, pct = change.delta, change.pct
-        moved = "" if delta is None else signed_ms(delta) + ("" if pct is None else f" ({signed_pct(pct)})")
-        out.write(f"| {name} | {_ms(change.before)} | {_ms(change.after)} | {moved} |\n")
-    out.write(f"| verdict | {verdict_label(diff.before.verdict)} | {verdict_label(diff.after.verdict)} | |\n")
-    cells = _layer_cells(diff)
-    if cells:
-        out.write(f"\n| layer | p99 before → after | tail share before → after | {_tail_header(diff)} |\n")
-        out.write("|---|---:|---:|---:|\n")
-        for layer, p99, share, tail in cells:
-            out.write(f"| `{layer}` | {p99} | {share} | {tail} |\n")
-    groups = (
-        ("New findings", diff.findings.appeared),
-        ("Findings gone", diff.findings.disappeared),
-        ("Findings in both", diff.findings.unchanged),
-    )
-    for title, refs in groups:
-        if refs:
-            out.write(f"\n**{title}**\n\n")
-            for ref in refs:
-                out.write(f"- `{ref.rule}` ({ref.layer or '-'}): {_md(ref.summary)}\n")

@@ -201,10 +201,10 @@ class Latprof:
         ini's `latprof_config`, else the file found from the working directory). Bad input or
         config fails the test with latprof's one-line error. Returns the `CheckRun`.
         """
-        from latprof.ci import check_output
         from latprof.ci.checks import check_paths
         from latprof.ci.config import Config
         from latprof.errors import LatprofError
+        from latprof.report.renderers.check_common import tally
 
         if not paths:
             raise TypeError("latprof.check() needs at least one capture or trace file")
@@ -219,7 +219,7 @@ class Latprof:
             pytest.fail(f"latprof: {exc}", pytrace=False)
         self._record(run)
         if run.failed:
-            lines = [f"latprof check: {check_output.tally(run)} ({', '.join(run.inputs)})"]
+            lines = [f"latprof check: {tally(run)} ({', '.join(run.inputs)})"]
             for result in run.failed:
                 lines.append(f"{result.title}: {' '.join(result.message.split())}")
                 if result.fix:
@@ -240,10 +240,10 @@ class Latprof:
         """Every result in the test's "latprof" report section; warnings also in the session's summary."""
         import io
 
-        from latprof.ci import check_output
+        from latprof.report import renderers
 
         text = io.StringIO()
-        check_output.render(run, "text", text)
+        renderers.CHECK.render("text", run, text)
         self._request.node.add_report_section("call", "latprof", text.getvalue())
         nodeid = self._request.node.nodeid
         for result in run.warnings:

@@ -251,4 +251,4 @@ if __name__ == "__main__":  # python -m latprof.demo.run [SCENARIO]
     from latprof.report import renderers
 
     result = run_demo(*(sys.argv[1:2] or [DEFAULT_SCENARIO]))
-    renderers.get("text")(result.report, sys.stdout)
+    renderers.REPORT.render("text", result.report, sys.stdout)

@@ -17,7 +17,11 @@ import latprof
 from latprof.ci import check_output
 from latprof.ci.checks import CheckResult, CheckRun, Location
 from latprof.pipeline import run_diagnosis
+from latprof.report import renderers
 from latprof.report.model import Report
+from latprof.report.renderers.check_common import format_value
+from latprof.report.renderers.check_github import workflow_commands
+from latprof.report.renderers.check_markdown import to_markdown
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CAPTURE = EXAMPLES / "pool_held_across_llm.jsonl.gz"
@@ -113,7 +117,7 @@ def sarif_errors(log: dict) -> list[str]:
 def test_text_gives_the_verdict_one_line_per_check_and_the_tally(report):
     run = mixed_run(report)
     out = io.StringIO()
-    check_output.render(run, "text", out)
+    renderers.CHECK.render("text", run, out)
     lines = out.getvalue().splitlines()
     assert lines[0] == f"verdict: {report.verdict.summary}"
     assert [line.split()[0] for line in lines[1:-1]] == ["FAIL", "FAIL", "WARN", "PASS", "SKIP"]
@@ -124,14 +128,14 @@ def test_text_gives_the_verdict_one_line_per_check_and_the_tally(report):
 def test_text_says_all_passed_when_nothing_failed_or_was_skipped(report):
     run = CheckRun([str(CAPTURE)], [budget(report, 10_000), replace(budget(report, 20_000), id="b2")], report)
     out = io.StringIO()
-    check_output.render(run, "text", out)
+    renderers.CHECK.render("text", run, out)
     assert out.getvalue().splitlines()[-1] == "all 2 checks passed"
 
 
 def test_json_parses_and_its_counts_match_the_run(report):
     run = mixed_run(report)
     out = io.StringIO()
-    check_output.render(run, "json", out)
+    renderers.CHECK.render("json", run, out)
     doc = json.loads(out.getvalue())
     assert doc["schema"] == "latprof.check/1"
     assert doc["passed"] is False and doc["exit_code"] == 1 == run.exit_code
@@ -149,20 +153,20 @@ def test_json_parses_and_its_counts_match_the_run(report):
 def test_json_of_a_passing_run_says_passed_with_exit_code_0(report):
     run = CheckRun([str(CAPTURE)], [budget(report, 10_000)], report)
     out = io.StringIO()
-    check_output.render(run, "json", out)
+    renderers.CHECK.render("json", run, out)
     doc = json.loads(out.getvalue())
     assert (doc["passed"], doc["exit_code"], doc["summary"]["failed"]) == (True, 0, 0)
 
 
 def test_markdown_has_heading_verdict_and_a_row_per_check(report):
     run = mixed_run(report)
-    md = check_output.github_step_summary(run)
+    md = to_markdown(run)  # also the GitHub step summary
     lines = md.splitlines()
     assert lines[0] == "## latprof check: failed"
     assert report.verdict.summary in md
     rows = [line for line in lines if line.startswith("| ") and not line.startswith("| |")]
     assert [row.split(" | ")[0][2:] for row in rows] == ["❌", "❌", "⚠️", "✅", "⏭️"]
-    assert check_output.format_value(report.latency_ms["p99"], "ms") in rows[0]
+    assert format_value(report.latency_ms["p99"], "ms") in rows[0]
     assert lines[-1] == "2 of 5 checks failed, 1 warning, 1 skipped"
 
 
@@ -170,7 +174,7 @@ def test_markdown_escapes_pipes_and_newlines_in_cells(report):
     weird = replace(skipped(), title="a|b <= c", message="first | line\nsecond line")
     run = CheckRun([str(CAPTURE)], [weird], report)
     out = io.StringIO()
-    check_output.render(run, "markdown", out)
+    renderers.CHECK.render("markdown", run, out)
     row = next(line for line in out.getvalue().splitlines() if line.startswith("| ⏭️"))
     assert "a\\|b &lt;= c" in row
     assert "first \\| line<br>second line" in row
@@ -180,9 +184,9 @@ def test_markdown_escapes_pipes_and_newlines_in_cells(report):
 
 
 def test_render_rejects_an_unknown_format(report):
-    assert list(check_output.CHECK_FORMATS) == ["json", "markdown", "text"]
+    assert renderers.CHECK.names() == ["json", "markdown", "text"]
     with pytest.raises(ValueError, match="known: json, markdown, text"):
-        check_output.render(CheckRun([], [], report), "yaml", io.StringIO())
+        renderers.CHECK.render("yaml", CheckRun([], [], report), io.StringIO())
 
 
 # --- JUnit ----------------------------------------------------------------------------------
@@ -367,7 +371,7 @@ def test_sarif_validator_catches_a_broken_log(report, tmp_path):
 
 def test_github_annotations_escape_data_and_properties(report):
     check = replace(budget(report, 1.0), title="p99: 1 ms, strict", message="100% over\nsee: the report, now\r")
-    (line,) = check_output.github_annotations(CheckRun([str(CAPTURE)], [check], report))
+    (line,) = workflow_commands(CheckRun([str(CAPTURE)], [check], report))
     assert line == "::error title=p99%3A 1 ms%2C strict::100%25 over%0Asee: the report, now%0D"
 
 
@@ -375,7 +379,7 @@ def test_github_annotations_carry_file_and_line_and_warning_level(report, tmp_pa
     run = mixed_run(report)
     app = tmp_path / "app" / "handlers.py"
     run.results[1] = replace(run.results[1], locations=(Location(str(app), 42, "chat"),))
-    lines = check_output.github_annotations(run, cwd=tmp_path)
+    lines = workflow_commands(run, cwd=tmp_path)
     assert [line.split(" ", 1)[0] for line in lines] == ["::error", "::error", "::warning"]
     assert lines[1].startswith("::error file=app/handlers.py,line=42,title=db-pool-exhaustion::")
     assert lines[1].endswith("::" + report.findings[0].summary.replace("%", "%25"))
@@ -394,7 +398,7 @@ def test_emit_github_appends_the_summary_and_keeps_earlier_content(report, tmp_p
     assert text.startswith("# from an earlier step\n")
     assert text.index("## latprof check: failed") < text.index("## latprof check: passed")
     assert text.count(report.verdict.summary) == 2
-    assert out.getvalue().splitlines() == check_output.github_annotations(failing)  # the passing run annotates nothing
+    assert out.getvalue().splitlines() == workflow_commands(failing)  # the passing run annotates nothing
 
 
 def test_emit_github_does_nothing_outside_github_actions(report, tmp_path):

@@ -25,7 +25,6 @@ from latprof.ci.diff import (
     named_layers,
     read_saved_report,
     regression_failure,
-    render,
     report_from_dict,
     signed_ms,
     signed_pct,
@@ -33,6 +32,7 @@ from latprof.ci.diff import (
 )
 from latprof.engine import Finding
 from latprof.errors import InputError
+from latprof.report import renderers
 from latprof.report.model import Report, build_report
 
 TYPICAL = [("provider", 100.0), ("model", 50.0)]
@@ -193,7 +193,7 @@ def test_a_side_without_latency_still_diffs_and_cannot_be_checked(provider_then_
     with pytest.raises(InputError, match="AFTER has no p99"):
         regression_failure(diff.with_threshold(10))
     for fmt in ("text", "json", "markdown"):
-        render(diff, fmt, io.StringIO())
+        renderers.DIFF.render(fmt, diff, io.StringIO())
 
 
 def test_the_regression_check_fails_only_above_its_threshold(provider_then_retry) -> None:
@@ -233,7 +233,8 @@ def test_a_saved_report_reads_back_to_the_same_diff(provider_then_retry, tmp_pat
 
 def test_json_has_the_documented_keys(provider_then_retry) -> None:
     out = io.StringIO()
-    render(_diff(provider_then_retry, (), (_finding("retry-backoff", "retry"),), threshold_pct=10), "json", out)
+    diff = _diff(provider_then_retry, (), (_finding("retry-backoff", "retry"),), threshold_pct=10)
+    renderers.DIFF.render("json", diff, out)
     data = json.loads(out.getvalue())
     assert data["schema"] == SCHEMA == "latprof.diff/1"
     assert set(data) >= {"summary", "before", "after", "latency_ms", "layers", "verdict", "findings", "regression", "tail_metric"}
@@ -250,7 +251,8 @@ def test_json_has_the_documented_keys(provider_then_retry) -> None:
 
 def test_text_leads_with_the_sentence_then_the_layer_table(provider_then_retry) -> None:
     out = io.StringIO()
-    render(_diff(provider_then_retry, (_finding("provider-floor", "provider"),), (_finding("retry-backoff", "retry"),)), "text", out)
+    diff = _diff(provider_then_retry, (_finding("provider-floor", "provider"),), (_finding("retry-backoff", "retry"),))
+    renderers.DIFF.render("text", diff, out)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("p99 +900 ms")
     header = next(i for i, line in enumerate(lines) if line.startswith("layer"))
@@ -263,7 +265,8 @@ def test_text_leads_with_the_sentence_then_the_layer_table(provider_then_retry) 
 
 def test_markdown_is_tables_for_a_pull_request(provider_then_retry) -> None:
     out = io.StringIO()
-    render(_diff(provider_then_retry, (), (_finding("retry-backoff", "retry"),), threshold_pct=10), "markdown", out)
+    diff = _diff(provider_then_retry, (), (_finding("retry-backoff", "retry"),), threshold_pct=10)
+    renderers.DIFF.render("markdown", diff, out)
     text = out.getvalue()
     assert text.startswith("### latprof diff\n\n**p99 +900 ms")
     assert "| p99 | 754 ms | 1.7 s | +900 ms (+119%) |" in text

@@ -1,16 +1,18 @@
-"""Renderers format a finished report into a fixed-width console or JSON, computing nothing."""
+"""Renderers format a finished report into a fixed-width console or JSON, computing nothing; every
+kind of result has its formats in one registry."""
 
 from __future__ import annotations
 
 import io
 import json
 
+import pytest
 from rich.console import Console
 from timelines import analysed, population
 
 from latprof.report import renderers
 from latprof.engine import Finding, fingerprint
-from latprof.report.renderers.text import print_report
+from latprof.report.renderers.report_text import print_report
 from latprof.report.model import build_report
 
 
@@ -71,12 +73,12 @@ def test_no_tail_verdict_is_rendered_as_such():
 def test_json_renderer_writes_the_report_dict():
     report = report_with_pool_tail()
     out = io.StringIO()
-    renderers.get("json")(report, out)
+    renderers.REPORT.render("json", report, out)
     assert json.loads(out.getvalue()) == json.loads(json.dumps(report.to_dict()))
 
 
 def test_renderers_are_registered_by_name():
-    assert {"text", "json"} <= set(renderers.names())
+    assert {"text", "json"} <= set(renderers.REPORT.names())
 
 
 def test_too_few_requests_is_no_verdict_not_a_healthy_service():
@@ -97,3 +99,47 @@ def test_an_asyncio_attach_report_shows_requests_in_flight_and_the_loop_per_seco
     text = render(replace(report, source={**report.source, "kind": "attach"}, p99_over_time=rows, window_s=1.0), 120)
     assert "per second (requests in flight, event loop busy, accept queue)" in text
     assert "0s  in flight  12.0  loop   5%  queue 0" in text and "1s  in flight  11.5  loop  50%  queue 0" in text
+
+
+def test_every_kind_of_result_has_its_formats_in_one_registry():
+    assert {kind: formats.names() for kind, formats in renderers.KINDS.items()} == {
+        "report": ["json", "text"],
+        "check": ["json", "markdown", "text"],
+        "diff": ["json", "markdown", "text"],
+        "rules": ["json", "markdown", "text"],
+    }
+
+
+def test_each_command_offers_the_formats_of_its_kind():
+    import click
+
+    from latprof.cli import main
+
+    def choices(*path: str) -> list[str]:
+        command = main
+        for name in path:
+            assert isinstance(command, click.Group)
+            command = command.commands[name]
+        (option,) = [p for p in command.params if p.name == "fmt"]
+        assert isinstance(option.type, click.Choice)
+        return list(option.type.choices)
+
+    for command in ("analyze", "run", "attach", "receive", "demo"):
+        assert choices(command) == renderers.REPORT.names()
+    assert choices("check") == renderers.CHECK.names()
+    assert choices("diff") == renderers.DIFF.names()
+    assert choices("rules") == renderers.RULES.names()
+
+
+def test_a_registered_format_is_named_and_rendered_and_an_unknown_one_is_a_value_error():
+    shout: renderers.Formats[str] = renderers.Formats("shout", lambda: None)
+
+    @shout.register("upper")
+    def upper(value: str, out) -> None:
+        out.write(value.upper())
+
+    out = io.StringIO()
+    shout.render("upper", "p99", out)
+    assert out.getvalue() == "P99" and shout.names() == ["upper"] and shout.get("upper") is upper
+    with pytest.raises(ValueError, match="unknown shout format 'lower'; known: upper"):
+        shout.render("lower", "p99", out)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import orjson
 
-from latprof.report.renderers import register
-from latprof.report.model import Report
+from latprof.report.renderers import REPORT
+
+if TYPE_CHECKING:
+    from latprof.report.model import Report
 
 
-@register("json")
+@REPORT.register("json")
 def render_json(report: Report, out: TextIO) -> None:
     out.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
     out.write("\n")

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from latprof.engine import Finding, fmt_ms
 from latprof.layers import DESCRIPTIONS
-from latprof.report.renderers import register
+from latprof.report.renderers import REPORT
 from latprof.report.model import Report
 
 _SPARKS = "▁▂▃▄▅▆▇█"
@@ -28,7 +28,7 @@ _BAR_WIDTH = 20
 _DESCRIBE_FROM_WIDTH = 120
 
 
-@register("text")
+@REPORT.register("text")
 def render_text(report: Report, out: TextIO) -> None:
     console = Console(file=out, highlight=False, soft_wrap=False)
     print_report(report, console)
