@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import os
 import statistics
 import subprocess
@@ -43,7 +42,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from latprof.capture.writer import CaptureWriter
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import bootstrap, runtime
 
 PG = os.environ.get("LATPROF_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test").replace("+psycopg", "")
 
@@ -357,7 +356,7 @@ def main() -> None:
               " process CPU per operation (ns)")
         print(f"{'hook':<14}{'off':>10}{'on':>10}{'added':>10}{'segments':>10}{'per seg.':>10}{'OTel span':>11}{'(loop)':>11}{'ratio':>8}")
         for name in names:
-            hook = importlib.import_module(f"latprof.collectors.{name}")
+            hook = bootstrap.HOOKS[name]
             try:
                 op, close = OPERATIONS[name]()
             except Exception as exc:  # a service that is not there: say so, go on
