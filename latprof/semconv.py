@@ -116,5 +116,11 @@ NOTE_ERROR: Final = "error"
 NOTE_PERMISSION: Final = "permission"
 NOTE_CLOCK: Final = "clock"
 NOTE_WARNING: Final = "warning"
+#: A hook's part stays off: what it patches is missing from the library or has changed shape
+#: (attrs `collector`, `library`, `versions`, `changed`).
+NOTE_HOOK_OFF: Final = "hook_off"
+#: A hook patched a library version outside the lines it is tested on (attrs `collector`,
+#: `library`, `versions`, `untested`).
+NOTE_UNTESTED_VERSION: Final = "untested_version"
 #: attrs `cpu_percent` and `added_ms_per_request`: what collection cost the observed process.
 NOTE_OVERHEAD: Final = "overhead"

@@ -1,11 +1,9 @@
-"""What the connection-pool hooks (sqlalchemy, psycopg_pool, asyncpg, redis) share: patching, pool state, gauges.
+"""What the connection-pool hooks (sqlalchemy, psycopg_pool, asyncpg, redis) share: pool state, gauges.
 
 Not a hook itself. Each pool hook keeps its wrappers and its hot paths in its own module
-(inline, one clock reading per event); what is the same for all of them lives here:
+(inline, one clock reading per event), and patches through `_scaffold` as every hook does;
+what is the same for the pool hooks lives here:
 
-- `LibraryPatches`: `install`/`uninstall` and the bookkeeping of the attributes a hook
-  replaced in its library, patched when the service imports it, all or nothing, errors
-  counted for the hook;
 - `PoolState`: what a hook keeps per pool (its name, the attribute dicts its segments share,
   the 100 ms gauge limiter and the last reading), which each hook extends with its own slots;
 - `emit_gauges`: one reading of a pool's gauges, emitted when it changed;
@@ -15,9 +13,7 @@ Not a hook itself. Each pool hook keeps its wrappers and its hot paths in its ow
 
 from __future__ import annotations
 
-import threading
-import types
-from typing import Any, Callable
+from typing import Any
 
 from latprof.collectors.hooks import runtime
 from latprof.semconv import (
@@ -45,77 +41,6 @@ parent_get = runtime._parent.get
 now_ns = runtime.now_ns
 record = runtime.record
 ROOT = runtime.ROOT
-
-
-class LibraryPatches:
-    """A hook's patches of one library: applied when the service imports it, undone by `uninstall`.
-
-    `apply(module)` replaces attributes through `replace` and may add steps to `undo` (event
-    listeners to remove); all or nothing: when it raises, what it did is undone and the error
-    counted for the hook. `reset` then forgets what `apply` set up besides (the hook's
-    histogram). A wrapper carries its original as `__latprof_original__`, so an attribute is
-    wrapped once, even by another copy of the hook's module.
-    """
-
-    def __init__(
-        self, hook: str, library: str, apply: Callable[[types.ModuleType], None], reset: Callable[[], None]
-    ) -> None:
-        self.hook = hook
-        self.library = library
-        self._apply = apply
-        self._reset = reset
-        self.lock = threading.RLock()
-        self.installed = False
-        self.patched: list[tuple[type, str, Any]] = []  # (class, attribute, original) to restore
-        self.undo: list[Callable[[], None]] = []  # run before the originals are restored, latest first
-
-    def install(self) -> bool:
-        """Patch the library when it is imported (now, if it already is). Idempotent."""
-        with self.lock:
-            if self.installed:
-                return True
-            self.installed = True
-        runtime.when_imported(self.library, self.patch)
-        return True
-
-    def uninstall(self) -> None:
-        """Undo every patch (tests); pools and connections keep their harmless bookkeeping."""
-        with self.lock:
-            self.installed = False
-            self.unpatch()
-
-    def patch(self, module: types.ModuleType) -> None:
-        """Apply the patches to the library's `module` (once); errors counted, never raised."""
-        with self.lock:
-            if not self.installed or self.patched or self.undo:
-                return
-            try:
-                self._apply(module)
-            except Exception as exc:
-                self.unpatch()
-                runtime.count_error(self.hook, exc)
-
-    def replace(self, cls: type, name: str, wrapper: Callable[..., Any]) -> None:
-        """Set `cls.name` (defined on `cls` itself) to `wrapper`, unless it is wrapped already."""
-        original = cls.__dict__[name]
-        if getattr(original, "__latprof_original__", None) is not None:
-            return  # patched already (another copy of the hook's module, or a class seen before)
-        wrapper.__latprof_original__ = original  # type: ignore[attr-defined]
-        setattr(cls, name, wrapper)
-        self.patched.append((cls, name, original))
-
-    def unpatch(self) -> None:
-        """Run the undo steps (errors counted), restore every original, latest first, and reset."""
-        for step in reversed(self.undo):
-            try:
-                step()
-            except Exception as exc:
-                runtime.count_error(self.hook, exc)
-        self.undo.clear()
-        for cls, name, original in reversed(self.patched):
-            setattr(cls, name, original)
-        self.patched.clear()
-        self._reset()
 
 
 class PoolState:

@@ -38,7 +38,7 @@ import contextvars
 import time
 from typing import Any, Callable
 
-from latprof.collectors.hooks import _tools, runtime
+from latprof.collectors.hooks import _scaffold, _tools, runtime
 from latprof.layers import TOOL
 from latprof.semconv import (
     ERROR_TYPE,
@@ -54,39 +54,10 @@ HOOK = "agent_tools"
 _now = time.time_ns
 _request_var = runtime._request
 _parent_var = runtime._parent
-_MARK = "__latprof_agent_tools__"
 #: The name of the tool call being recorded in this task: the same tool called right inside it
 #: (an MCP tool the Agents SDK runs) is the same call, not recorded again.
 _in_tool: contextvars.ContextVar[str | None] = contextvars.ContextVar("latprof_in_tool", default=None)
 
-_installed = False
-_patches = runtime.Patches(_MARK)  # what install() replaced, for uninstall()
-
-
-def install() -> bool:
-    """Patch LangChain, the Agents SDK and MCP when (or if already) imported; idempotent."""
-    global _installed
-    if _installed:
-        return True
-    _installed = True
-    for module_name, patch in (
-        ("langchain_core.tools.base", _patch_langchain),
-        ("agents.tool", _patch_agents_tool),
-        ("agents.run_internal.tool_execution", _patch_agents_runner),
-        ("mcp.client.session", _patch_mcp),
-    ):
-        try:
-            runtime.when_imported(module_name, patch)
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
-    return True
-
-
-def uninstall() -> None:
-    """Put every patched attribute back (tests)."""
-    global _installed
-    _installed = False
-    _patches.restore()
 
 
 
@@ -164,12 +135,9 @@ def _as_bytes(value: Any) -> bytes:
 # --- LangChain ---------------------------------------------------------------------------------
 
 
-@runtime.guarded(HOOK)
 def _patch_langchain(module: Any) -> None:
-    if not _installed:
-        return
-    _patches.wrap(module.BaseTool, "run", _langchain_run)
-    _patches.wrap(module.BaseTool, "arun", _langchain_arun)
+    scaffold.wrap(module.BaseTool, "run", _langchain_run)
+    scaffold.wrap(module.BaseTool, "arun", _langchain_arun)
 
 
 def _langchain_run(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -209,16 +177,8 @@ def _langchain_arun(original: Callable[..., Any]) -> Callable[..., Any]:
 _INVOKE = "_invoke_function_tool_with_metadata"
 
 
-@runtime.guarded(HOOK)
-def _patch_agents_tool(module: Any) -> None:
-    if _installed:
-        _patches.wrap(module, _INVOKE, _agents_invoke)
-
-
-@runtime.guarded(HOOK)
-def _patch_agents_runner(module: Any) -> None:
-    if _installed:
-        _patches.wrap(module, _INVOKE, _agents_invoke)
+def _patch_agents(module: Any) -> None:
+    scaffold.wrap(module, _INVOKE, _agents_invoke)
 
 
 def _agents_invoke(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -246,10 +206,8 @@ def _agents_invoke(original: Callable[..., Any]) -> Callable[..., Any]:
 # --- MCP -------------------------------------------------------------------------------------
 
 
-@runtime.guarded(HOOK)
 def _patch_mcp(module: Any) -> None:
-    if _installed:
-        _patches.wrap(module.ClientSession, "call_tool", _mcp_call_tool)
+    scaffold.wrap(module.ClientSession, "call_tool", _mcp_call_tool)
 
 
 def _mcp_call_tool(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -267,3 +225,25 @@ def _mcp_call_tool(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return call_tool
+
+
+# --- install ---------------------------------------------------------------------------------
+
+_T = _scaffold.Target
+_AGENTS = [_scaffold.Tested("agents", "0.24", "0.24", "openai_agents")]
+#: What the hook patches, each part when (if ever) its library is imported, in the lines it is tested on.
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("langchain_core.tools.base", [
+        _T("langchain_core.tools.base", "BaseTool", "run", False),
+        _T("langchain_core.tools.base", "BaseTool", "arun", True),
+    ], _patch_langchain, [_scaffold.Tested("langchain_core", "1.8", "1.8")]),
+    _scaffold.Library("agents.tool", [_T("agents.tool", "", _INVOKE, True)], _patch_agents, _AGENTS),
+    _scaffold.Library("agents.run_internal.tool_execution",
+                      [_T("agents.run_internal.tool_execution", "", _INVOKE, True)], _patch_agents, _AGENTS),
+    _scaffold.Library("mcp.client.session", [_T("mcp.client.session", "ClientSession", "call_tool", True)],
+                      _patch_mcp, [_scaffold.Tested("mcp", "2.3", "2.3")]),
+])  # fmt: skip
+#: Patch LangChain, the Agents SDK and MCP when (or if already) imported; idempotent.
+install = scaffold.install
+#: Put every patched attribute back (tests).
+uninstall = scaffold.uninstall

@@ -1,7 +1,8 @@
 """The aiohttp client hook: waits for a connection slot as `http.pool`, calls as `tool`, raw LLM API calls as `provider`/`model`.
 
-The same model as the httpx hook (`collectors/hooks/httpx.py`), whose per-call bookkeeping
-(`_Exchange`: tool or LLM by path, SSE first-delta detection, usage, attributes) it reuses:
+The same model as the httpx hook (`collectors/hooks/httpx.py`): the per-call bookkeeping both
+share (`_outbound.Exchange`: tool or LLM by path, SSE first-delta detection, usage, attributes)
+is `collectors/hooks/_outbound.py`:
 
 - **Where.** `ClientSession._request` (what `get`, `post`, `request` and `async with
   session.get(...)` all await) times the call from its start; it returns when the response
@@ -23,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _outbound, _scaffold, runtime
 
 from latprof import semconv
 from latprof.layers import HTTP_POOL
@@ -38,51 +39,20 @@ HTTP_POOL_MAX_CONNECTIONS = semconv.HTTP_POOL_MAX_CONNECTIONS
 HTTP_POOL_MAX_PER_HOST = semconv.HTTP_POOL_MAX_PER_HOST
 _EXCHANGE_ATTR = "_latprof_exchange"  # on a ClientResponse: its call, until it ends
 
-_installed = False
-_patches: list[tuple[type, str, Any]] = []
 #: id(StreamReader) -> its call, while the response it feeds is open (bounded by open calls).
 _watched: dict[int, Any] = {}
 
 
-def install() -> bool:
-    """Patch aiohttp's client when (if ever) the service imports it; idempotent."""
-    global _installed
-    if not _installed:
-        _installed = True
-        runtime.when_imported("aiohttp.client", _patch_client)
-        runtime.when_imported("aiohttp.connector", _patch_connector)
-        runtime.when_imported("aiohttp.streams", _patch_streams)
-    return True
-
-
-def uninstall() -> None:
-    """Restore the originals (tests)."""
-    global _installed
-    while _patches:
-        cls, name, original = _patches.pop()
-        setattr(cls, name, original)
-    _watched.clear()
-    _installed = False
-
-
 def _patch(cls: type, name: str, replacement: Any) -> None:
-    original = cls.__dict__[name]
-    functools.update_wrapper(replacement, original)
-    _patches.append((cls, name, original))
-    setattr(cls, name, replacement)
-
-
-def _httpx_hook() -> Any:
-    from latprof.collectors.hooks import httpx as hook  # the shared call model; never imports httpx itself
-
-    return hook
+    functools.update_wrapper(replacement, cls.__dict__[name])
+    scaffold.replace(cls, name, replacement)
 
 
 # --- the call ------------------------------------------------------------------------------------
 
 
 class _Url:
-    """What `_Exchange` reads of a URL, from yarl's: host, port, scheme, path, and path with query."""
+    """What `_outbound.Exchange` reads of a URL, from yarl's: host, port, scheme, path, and path with query."""
 
     __slots__ = ("host", "port", "scheme", "path", "raw_path")
 
@@ -95,7 +65,7 @@ class _Url:
 
 
 class _Request:
-    """What `_Exchange` reads of a request: its method, URL and (when given as bytes) body."""
+    """What `_outbound.Exchange` reads of a request: its method, URL and (when given as bytes) body."""
 
     __slots__ = ("method", "url", "_content")
 
@@ -105,38 +75,33 @@ class _Request:
         self._content = content if isinstance(content, (bytes, bytearray)) else None
 
 
-@runtime.guarded(HOOK)
 def _patch_client(module: Any) -> None:
     from yarl import URL  # aiohttp's own URL type, imported with it
 
     session, response = module.ClientSession, module.ClientResponse
-    if getattr(session._request, "_latprof_patched", False):
-        return
     original_request = session._request
-    hook = _httpx_hook()
 
     async def _request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
         exchange = None
         if runtime.current_request() is not None:
             try:
                 url = self._build_url(str_or_url) if hasattr(self, "_build_url") else URL(str_or_url)
-                exchange = hook._begin(_Request(str(method).upper(), url, kwargs.get("data")))
+                exchange = _outbound.begin(_Request(str(method).upper(), url, kwargs.get("data")), HOOK)
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
         if exchange is None:
             return await original_request(self, method, str_or_url, **kwargs)
-        nesting = hook._nest(exchange)
+        nesting = _outbound.nest(exchange)
         try:
             resp = await original_request(self, method, str_or_url, **kwargs)
         except BaseException as exc:
             exchange.finish(exc)
             raise
         finally:
-            hook._unnest(nesting)
+            _outbound.unnest(nesting, HOOK)
         _responded(exchange, resp)
         return resp
 
-    _request._latprof_patched = True  # type: ignore[attr-defined]
     _patch(session, "_request", _request)
 
     for name in ("_response_eof", "release", "close"):
@@ -156,7 +121,7 @@ def _responded(exchange: Any, resp: Any) -> None:
             exchange.finish()
             return
         if exchange.llm is not None:
-            exchange._prepare(resp.headers)
+            exchange.prepare(resp.headers)
         resp.__dict__[_EXCHANGE_ATTR] = exchange
         _watched[id(content)] = exchange
     except Exception as exc:
@@ -180,11 +145,8 @@ def _ending(original: Any, *, abandoned: bool) -> Any:
     return ending
 
 
-@runtime.guarded(HOOK)
 def _patch_streams(module: Any) -> None:
     cls = module.StreamReader
-    if getattr(cls.feed_data, "_latprof_patched", False):
-        return
     original = cls.feed_data
 
     def feed_data(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
@@ -197,19 +159,15 @@ def _patch_streams(module: Any) -> None:
                     runtime.count_error(HOOK, exc)
         return original(self, data, *args, **kwargs)
 
-    feed_data._latprof_patched = True  # type: ignore[attr-defined]
     _patch(cls, "feed_data", feed_data)
 
 
 # --- the connection limit --------------------------------------------------------------------------
 
 
-@runtime.guarded(HOOK)
 def _patch_connector(module: Any) -> None:
     cls = module.BaseConnector
-    original = cls.__dict__.get("_wait_for_available_connection")
-    if original is None or getattr(original, "_latprof_patched", False):
-        return
+    original = cls.__dict__["_wait_for_available_connection"]
 
     async def _wait_for_available_connection(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
         if runtime.current_request() is None:
@@ -236,5 +194,32 @@ def _patch_connector(module: Any) -> None:
                 except Exception as exc:
                     runtime.count_error(HOOK, exc)
 
-    _wait_for_available_connection._latprof_patched = True  # type: ignore[attr-defined]
     _patch(cls, "_wait_for_available_connection", _wait_for_available_connection)
+
+
+# --- install -------------------------------------------------------------------------------------
+
+
+_T = _scaffold.Target
+_TESTED = [_scaffold.Tested("aiohttp", "3.14", "3.14")]  # the line the README's command installs
+
+
+def _reset() -> None:
+    _watched.clear()
+
+
+#: What the hook patches: the calls, the body's bytes and the connection limit, each on its own.
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("aiohttp.client", [
+        _T("aiohttp.client", "ClientSession", "_request", True),
+        _T("aiohttp.client", "ClientResponse", "_response_eof"),
+    ], _patch_client, _TESTED),
+    _scaffold.Library("aiohttp.connector",
+                      [_T("aiohttp.connector", "BaseConnector", "_wait_for_available_connection", True)],
+                      _patch_connector, _TESTED),
+    _scaffold.Library("aiohttp.streams", [_T("aiohttp.streams", "StreamReader", "feed_data")], _patch_streams, _TESTED),
+], _reset)  # fmt: skip
+#: Patch aiohttp's client when (if ever) the service imports it; idempotent.
+install = scaffold.install
+#: Restore the originals (tests).
+uninstall = scaffold.uninstall

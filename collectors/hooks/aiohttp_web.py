@@ -26,40 +26,14 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from latprof.collectors.hooks import _inbound, asgi, asyncio_loop, runtime
+from latprof.collectors.hooks import _inbound, _scaffold, asgi, asyncio_loop, runtime
 from latprof.semconv import NOTE_WARNING
 
 HOOK = "aiohttp_web"
 
-_PATCHED = "_latprof_patched"
-_installed = False
-_patches: list[tuple[type, str, Any]] = []
-
-
-def install() -> bool:
-    """Patch aiohttp's request handler when (if ever) the service imports it; idempotent."""
-    global _installed
-    if not _installed:
-        _installed = True
-        runtime.when_imported("aiohttp.web_protocol", _patch)
-    return True
-
-
-def uninstall() -> None:
-    """Restore the original method (tests)."""
-    global _installed
-    while _patches:
-        cls, name, original = _patches.pop()
-        setattr(cls, name, original)
-    _installed = False
-
-
-@runtime.guarded(HOOK)
 def _patch(module: Any) -> None:
-    cls = getattr(module, "RequestHandler", None)
-    original = getattr(cls, "_handle_request", None)
-    if cls is None or original is None or getattr(original, _PATCHED, False):
-        return
+    cls = module.RequestHandler
+    original = cls.__dict__["_handle_request"]
     asgi._import_lazily()  # binds get_running_loop and the TCP_INFO constants
 
     def _handle_request(self: Any, request: Any, start_time: Any, request_handler: Any) -> Any:
@@ -74,9 +48,19 @@ def _patch(module: Any) -> None:
             return coro
 
     functools.update_wrapper(_handle_request, original)
-    setattr(_handle_request, _PATCHED, True)
-    _patches.append((cls, "_handle_request", original))
-    cls._handle_request = _handle_request
+    scaffold.replace(cls, "_handle_request", _handle_request)
+
+
+#: What the hook patches, in the aiohttp line the README's command installs.
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("aiohttp.web_protocol",
+                      [_scaffold.Target("aiohttp.web_protocol", "RequestHandler", "_handle_request", True)],
+                      _patch, [_scaffold.Tested("aiohttp", "3.14", "3.14")]),
+])  # fmt: skip
+#: Patch aiohttp's request handler when (if ever) the service imports it; idempotent.
+install = scaffold.install
+#: Restore the original method (tests).
+uninstall = scaffold.uninstall
 
 
 def _track(handler: Any, web_request: Any, coro: Any, weight: int) -> Any:

@@ -58,7 +58,7 @@ import time
 import types
 from typing import Any, Callable
 
-from latprof.collectors.hooks import _inbound, asyncio_loop, runtime
+from latprof.collectors.hooks import _inbound, _scaffold, asyncio_loop, runtime
 from latprof.layers import EVENT_LOOP, QUEUE
 from latprof.semconv import NOTE_WARNING, QUEUE_SOURCE, SAMPLE_WEIGHT
 
@@ -87,7 +87,6 @@ MIN_PRE_HANDLER_NS = 1_000_000
 #: that was open during a block); the rest of its waits hang off the root.
 MAX_NESTED_WAITS = 64
 _HEADER = b"x-request-start"
-_PATCHED = "_latprof_patched"
 _CYCLE_ATTR = "_latprof_request"
 _SOCKET_ATTR = "_latprof_socket"
 _UNSET: Any = object()
@@ -95,7 +94,6 @@ _PENDING_ROUTE = "<pending>"
 
 _time_ns = time.time_ns
 _thread_time_ns = time.thread_time_ns
-_installed = False
 
 
 # Bound when uvicorn is first patched: importing asyncio costs every process that loads the
@@ -114,25 +112,11 @@ def _import_lazily() -> None:
 # --- install -----------------------------------------------------------------------------------
 
 
-def install() -> bool:
-    """Patch uvicorn and anyio when (if ever) the service imports them; idempotent."""
-    global _installed
-    if not _installed:
-        _installed = True
-        for name in UVICORN_PROTOCOLS:
-            runtime.when_imported(name, _patch_uvicorn)
-        runtime.when_imported("anyio.to_thread", _patch_to_thread)
-    return True
-
-
-@runtime.guarded(HOOK)
 def _patch_uvicorn(module: Any) -> None:
-    cls = getattr(module, "RequestResponseCycle", None)
-    if cls is None or cls.__dict__.get(_PATCHED):
-        return
+    cls = module.RequestResponseCycle
     _import_lazily()
-    original_run_asgi = cls.run_asgi
-    original_send = cls.send
+    original_run_asgi = cls.__dict__["run_asgi"]
+    original_send = cls.__dict__["send"]
 
     def run_asgi(self: Any, app: Any) -> Any:
         coro = original_run_asgi(self, app)
@@ -175,8 +159,7 @@ def _patch_uvicorn(module: Any) -> None:
 
     if hasattr(inspect, "markcoroutinefunction"):  # 3.12+: introspection still sees an async send
         inspect.markcoroutinefunction(send)
-    cls.run_asgi = run_asgi
-    setattr(cls, _PATCHED, True)
+    scaffold.replace(cls, "run_asgi", run_asgi)
 
 
 async def _send_when_writable(original_send: Callable[..., Any], cycle: Any, message: Any, request: _Request) -> None:
@@ -191,11 +174,8 @@ async def _send_when_writable(original_send: Callable[..., Any], cycle: Any, mes
             runtime.count_error(HOOK, exc)
 
 
-@runtime.guarded(HOOK)
 def _patch_to_thread(module: Any) -> None:
     original = module.run_sync
-    if getattr(original, _PATCHED, False):
-        return
 
     async def run_sync(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         request = asyncio_loop.current_owner()
@@ -209,8 +189,25 @@ def _patch_to_thread(module: Any) -> None:
             _thread_call_done(request, called_ns, call)
 
     functools.update_wrapper(run_sync, original)
-    setattr(run_sync, _PATCHED, True)
-    module.run_sync = run_sync
+    scaffold.replace(module, "run_sync", run_sync)
+
+
+_T = _scaffold.Target
+#: What the hook patches: each uvicorn protocol when (if ever) it is imported, and anyio's
+#: `to_thread.run_sync`, in the lines the README's command installs.
+scaffold = _scaffold.Hook(HOOK, [
+    *(
+        _scaffold.Library(name, [_T(name, "RequestResponseCycle", "run_asgi")], _patch_uvicorn,
+                          [_scaffold.Tested("uvicorn", "0.54", "0.54")])
+        for name in UVICORN_PROTOCOLS
+    ),
+    _scaffold.Library("anyio.to_thread", [_T("anyio.to_thread", "", "run_sync", True)], _patch_to_thread,
+                      [_scaffold.Tested("anyio", "4.16", "4.16")]),
+])  # fmt: skip
+#: Patch uvicorn and anyio when (if ever) the service imports them; idempotent.
+install = scaffold.install
+#: Restore the originals (tests); requests in flight still finish.
+uninstall = scaffold.uninstall
 
 
 # --- one request -------------------------------------------------------------------------------

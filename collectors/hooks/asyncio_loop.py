@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any, Callable, Generator, NamedTuple
 
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _scaffold, runtime
 from latprof.semconv import GAUGE_LOOP_LAG_MS
 
 HOOK = "asyncio_loop"
@@ -469,6 +469,7 @@ def _install_task_factory(loop: Any, mon: LoopMonitor) -> None:
     mon.task_factory = latprof_task_factory
 
 
-def install() -> bool:
-    """Nothing to patch globally: an inbound hook starts the monitor of a loop on its first request."""
-    return True
+#: Nothing to patch globally: an inbound hook starts the monitor of a loop on its first request.
+scaffold = _scaffold.Hook(HOOK, [])
+install = scaffold.install
+uninstall = scaffold.uninstall

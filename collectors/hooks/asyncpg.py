@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import parse_qs, unquote
 
 from latprof import semconv
-from latprof.collectors.hooks import _pools, runtime
+from latprof.collectors.hooks import _pools, _scaffold, runtime
 from latprof.collectors.hooks import sqlalchemy as _sqlalchemy_hook
 from latprof.collectors.hooks._pools import ROOT as _ROOT
 from latprof.collectors.hooks._pools import now_ns as _now
@@ -146,11 +146,11 @@ _wait_histogram_proxy = False
 
 
 def _apply(asyncpg_module: types.ModuleType) -> None:
-    """Wrap the pool, connection, prepared statement and cursor methods (all or nothing: see `_pools`)."""
+    """Wrap the pool, connection, prepared statement and cursor methods (all or nothing: see `_scaffold`)."""
     global _wait_histogram, _wait_histogram_proxy
     from asyncpg import connection, cursor, pool, prepared_stmt  # type: ignore[import-untyped]
 
-    replace = _patches.replace
+    replace = scaffold.replace
     Pool, Holder, Connection = pool.Pool, pool.PoolConnectionHolder, connection.Connection
     replace(Pool, "_acquire", _wrap_acquire(Pool.__dict__["_acquire"]))
     replace(Pool, "_get_new_connection", _wrap_get_new_connection(Pool.__dict__["_get_new_connection"]))
@@ -188,11 +188,23 @@ def _reset() -> None:
     _wait_histogram, _wait_histogram_proxy = None, False
 
 
-_patches = _pools.LibraryPatches(HOOK, "asyncpg", _apply, _reset)
+_T = _scaffold.Target
+#: What the hook patches, in the asyncpg lines it is tested on (the README's and nox's).
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("asyncpg", [
+        _T("asyncpg.pool", "Pool", "_acquire", True),
+        _T("asyncpg.pool", "Pool", "_get_new_connection", True),
+        _T("asyncpg.pool", "PoolConnectionHolder", "release", True),
+        _T("asyncpg.pool", "PoolConnectionHolder", "_release"),
+        _T("asyncpg.connection", "Connection", "execute", True),
+        _T("asyncpg.connection", "Connection", "_execute", True),
+        _T("asyncpg.prepared_stmt", "PreparedStatement", "fetch"),
+    ], _apply, [_scaffold.Tested("asyncpg", "0.29", "0.32")]),
+], _reset)  # fmt: skip
 #: Hook asyncpg when it is imported (now, if it already is). Idempotent.
-install = _patches.install
+install = scaffold.install
 #: Undo every patch (tests); pools keep their harmless bookkeeping.
-uninstall = _patches.uninstall
+uninstall = scaffold.uninstall
 
 
 # --- pools: names and state -------------------------------------------------------------------

@@ -29,8 +29,9 @@ from latprof.collectors.hooks import (
 from latprof.events import QualityRecord
 from latprof.semconv import NOTE_HOOKS_LOADED
 
-#: Every hook by the name `--hooks` knows it by: a module with an `install()` that patches its
-#: library when the service imports it (importing a hook module patches nothing).
+#: Every hook by the name `--hooks` knows it by: a module whose `scaffold` (`_scaffold.Hook`)
+#: says what it patches in which library versions, with an `install()` that patches each library
+#: when the service imports it (importing a hook module patches nothing) and an `uninstall()`.
 HOOKS: dict[str, ModuleType] = {
     module.__name__.rpartition(".")[2]: module
     for module in (

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _scaffold, runtime
 from latprof.layers import LOCK
 from latprof.semconv import LOCK_KIND, LOCK_SITE
 
@@ -45,37 +45,8 @@ SEGMENT = "lock wait"
 _time_ns = time.time_ns
 _native_lock = _thread.allocate_lock
 _native_rlock: Callable[..., Any] = threading.RLock
-_factories: tuple[Any, Any] | None = None  # (threading.Lock, threading.RLock) before install()
-_patched_methods: list[tuple[type, str, Any]] = []
-_installed = False
 _recording = threading.local()  # the recording thread is inside a lock wait's bookkeeping
 _SKIP_MODULES = ("threading", "latprof.", "importlib.")
-
-
-def install() -> bool:
-    """Replace the lock factories and patch the semaphores and asyncio locks; idempotent."""
-    global _installed, _factories
-    if _installed:
-        return True
-    _installed = True
-    _factories = (threading.Lock, threading.RLock)
-    threading.Lock = _Factory(_native_lock, _TimedLock, "Lock")  # type: ignore[assignment]
-    threading.RLock = _Factory(_native_rlock, _TimedRLock, "RLock")  # type: ignore[assignment]
-    _patch_acquire(threading.Semaphore, "threading.Semaphore", _threading_semaphore_acquire)
-    runtime.when_imported("asyncio.locks", _patch_asyncio)
-    return True
-
-
-def uninstall() -> None:
-    """Restore the factories and methods (tests). Locks created meanwhile stay wrapped, and keep working."""
-    global _installed, _factories
-    if _factories is not None:
-        threading.Lock, threading.RLock = _factories
-        _factories = None
-    while _patched_methods:
-        cls, name, original = _patched_methods.pop()
-        setattr(cls, name, original)
-    _installed = False
 
 
 def _creator(depth: int = 2) -> tuple[str, Any, int] | None:
@@ -98,7 +69,7 @@ class _Factory:
     as it never does with the C factories.
     """
 
-    __slots__ = ("_native", "_wrapper", "__name__", "__qualname__")
+    __slots__ = ("_native", "_wrapper", "__name__", "__qualname__", "__latprof_original__")
 
     def __init__(self, native: Callable[..., Any], wrapper: type, name: str) -> None:
         self._native = native
@@ -237,17 +208,11 @@ class _TimedRLock(_TimedLock):
 
 
 def _patch_acquire(cls: type, kind: str, make: Callable[[Any, str], Any]) -> None:
-    original = cls.__dict__.get("acquire")
-    if original is None or getattr(original, "_latprof_patched", False):
-        return
+    original = cls.__dict__["acquire"]
     patched = make(original, kind)
     functools.update_wrapper(patched, original)
-    patched._latprof_patched = True
-    _patched_methods.append((cls, "acquire", original))
-    setattr(cls, "acquire", patched)
-    if "__enter__" in cls.__dict__ and cls.__dict__["__enter__"] is original:
-        _patched_methods.append((cls, "__enter__", original))
-        setattr(cls, "__enter__", patched)
+    if scaffold.replace(cls, "acquire", patched) and cls.__dict__.get("__enter__") is original:
+        scaffold.replace(cls, "__enter__", patched)
 
 
 def _threading_semaphore_acquire(original: Callable[..., Any], kind: str) -> Callable[..., Any]:
@@ -278,7 +243,6 @@ def _caller_site() -> str:
 # --- asyncio ---------------------------------------------------------------------------------------
 
 
-@runtime.guarded(HOOK)
 def _patch_asyncio(module: Any) -> None:
     for cls, kind in ((module.Lock, "asyncio.Lock"), (module.Semaphore, "asyncio.Semaphore")):
         _patch_acquire(cls, kind, _asyncio_acquire)
@@ -306,3 +270,28 @@ async def _timed_acquire(acquiring: Any, kind: str, caller: Any) -> Any:
             while frame is not None and frame.f_globals.get("__name__", "") == "asyncio.locks":
                 frame = frame.f_back  # `async with lock` calls acquire from __aenter__
             _note_wait(kind, _site(frame.f_code, frame.f_lineno) if frame is not None else "?", start, end)
+
+
+# --- install ---------------------------------------------------------------------------------------
+
+
+def _patch_threading(module: Any) -> None:
+    scaffold.replace(module, "Lock", _Factory(_native_lock, _TimedLock, "Lock"))
+    scaffold.replace(module, "RLock", _Factory(_native_rlock, _TimedRLock, "RLock"))
+    _patch_acquire(module.Semaphore, "threading.Semaphore", _threading_semaphore_acquire)
+
+
+_T = _scaffold.Target
+#: What the hook patches: the lock factories and the semaphore now, asyncio's locks when imported.
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("threading", [
+        _T("threading", "", "Lock"), _T("threading", "", "RLock"), _T("threading", "Semaphore", "acquire", False),
+    ], _patch_threading),
+    _scaffold.Library("asyncio.locks", [
+        _T("asyncio.locks", "Lock", "acquire", True), _T("asyncio.locks", "Semaphore", "acquire", True),
+    ], _patch_asyncio),
+])  # fmt: skip
+#: Replace the lock factories and patch the semaphores and asyncio locks; idempotent.
+install = scaffold.install
+#: Restore the factories and methods (tests). Locks created meanwhile stay wrapped, and keep working.
+uninstall = scaffold.uninstall

@@ -32,15 +32,14 @@ Outside a request nothing is recorded, and every error of the hook is counted, n
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import time
 import weakref
 from typing import Any, Callable
 
 from latprof import semconv
-from latprof.collectors.hooks import runtime
-from latprof.layers import MODEL, PROVIDER, RETRY
+from latprof.collectors.hooks import _llm, _scaffold, runtime
+from latprof.layers import RETRY
 from latprof.semconv import (
     GEN_AI_INPUT_TOKENS,
     GEN_AI_OPERATION_NAME,
@@ -68,91 +67,84 @@ OPERATION = "chat"  # Chat Completions and Responses are both `chat` in the GenA
 RETRY_SEGMENT = "openai retry"
 
 _now = time.time_ns  # what runtime.now_ns is, without the attribute lookup per chunk
-_MARK = "__latprof_openai__"
 
-_installed = False
-_patches = runtime.Patches(_MARK)  # what install() replaced, for uninstall()
 _stream_classes: tuple[type, ...] = ()
 #: with_raw_response streams: the httpx response -> its call, until `.parse()` builds the Stream.
 _raw_pending: weakref.WeakKeyDictionary[Any, _Call] = weakref.WeakKeyDictionary()
 _otel: Any = None  # (trace module, context module, tracer), imported at the first call
-#: Set while a patched call runs: a patched method that calls another records one call, not two.
-_in_call: contextvars.ContextVar[bool] = contextvars.ContextVar("latprof_openai_in_call", default=False)
-
-
-def install() -> bool:
-    """Patch the openai client when (or if already) imported; idempotent."""
-    global _installed
-    if _installed:
-        return True
-    _installed = True
-    for module_name, patch in (
-        ("openai._streaming", _patch_streaming),
-        ("openai._base_client", _patch_base_client),
-        ("openai.resources.chat.completions", _patch_chat),
-        ("openai.resources.responses", _patch_responses),
-    ):
-        try:
-            runtime.when_imported(module_name, patch)
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
-    return True
-
-
-def uninstall() -> None:
-    """Put every patched attribute back (tests); calls already in flight still finish."""
-    global _installed, _stream_classes
-    _installed = False
-    _patches.restore()
-    _stream_classes = ()
-
+#: Set while a patched call runs: a patched method that calls another records one call, not two
+#: (and the HTTP hooks leave the call's HTTP request to this one).
+_in_call = _llm.in_sdk_call
 
 
 def _patch_streaming(module: Any) -> None:
     global _stream_classes
-    if not _installed:
-        return
     stream, async_stream = module.Stream, module.AsyncStream
     _stream_classes = (stream, async_stream)
-    _patches.wrap(stream, "close", _sync_close)
-    _patches.wrap(async_stream, "close", _async_close)
-    _patches.wrap(stream, "__init__", _stream_init)
-    _patches.wrap(async_stream, "__init__", _stream_init)
+    scaffold.wrap(stream, "close", _sync_close)
+    scaffold.wrap(async_stream, "close", _async_close)
+    scaffold.wrap(stream, "__init__", _stream_init)
+    scaffold.wrap(async_stream, "__init__", _stream_init)
 
 
 def _patch_base_client(module: Any) -> None:
-    if not _installed:
-        return
-    _patches.wrap(module.SyncAPIClient, "_sleep_for_retry", _sync_retry_sleep)
-    _patches.wrap(module.AsyncAPIClient, "_sleep_for_retry", _async_retry_sleep)
+    scaffold.wrap(module.SyncAPIClient, "_sleep_for_retry", _sync_retry_sleep)
+    scaffold.wrap(module.AsyncAPIClient, "_sleep_for_retry", _async_retry_sleep)
 
 
 def _patch_chat(module: Any) -> None:
-    if not _installed:
-        return
     for name in ("create", "parse"):
-        _patches.wrap(module.Completions, name, functools.partial(_sync_call, observe=_observe_chat_chunk))
-        _patches.wrap(module.AsyncCompletions, name, functools.partial(_async_call, observe=_observe_chat_chunk))
+        scaffold.wrap(module.Completions, name, functools.partial(_sync_call, observe=_observe_chat_chunk))
+        scaffold.wrap(module.AsyncCompletions, name, functools.partial(_async_call, observe=_observe_chat_chunk))
 
 
 def _patch_responses(module: Any) -> None:
-    if not _installed:
-        return
     for name in ("create", "parse"):
-        _patches.wrap(module.Responses, name, functools.partial(_sync_call, observe=_observe_response_event))
-        _patches.wrap(module.AsyncResponses, name, functools.partial(_async_call, observe=_observe_response_event))
+        scaffold.wrap(module.Responses, name, functools.partial(_sync_call, observe=_observe_response_event))
+        scaffold.wrap(module.AsyncResponses, name, functools.partial(_async_call, observe=_observe_response_event))
+
+
+def _reset() -> None:
+    global _stream_classes
+    _stream_classes = ()
+
+
+_T = _scaffold.Target
+_TESTED = [_scaffold.Tested("openai", "2", "3")]  # the README's and nox's lines
+#: What the hook patches, each part when (if ever) its module is imported.
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("openai._streaming", [
+        _T("openai._streaming", "Stream", "__init__"), _T("openai._streaming", "AsyncStream", "__init__"),
+        _T("openai._streaming", "Stream", "close"), _T("openai._streaming", "AsyncStream", "close"),
+    ], _patch_streaming, _TESTED),
+    _scaffold.Library("openai._base_client", [
+        _T("openai._base_client", "SyncAPIClient", "_sleep_for_retry"),
+        _T("openai._base_client", "AsyncAPIClient", "_sleep_for_retry"),
+    ], _patch_base_client, _TESTED),
+    _scaffold.Library("openai.resources.chat.completions", [
+        _T("openai.resources.chat.completions", "Completions", "create"),
+        _T("openai.resources.chat.completions", "AsyncCompletions", "create"),
+    ], _patch_chat, _TESTED),
+    _scaffold.Library("openai.resources.responses", [
+        _T("openai.resources.responses", "Responses", "create"),
+        _T("openai.resources.responses", "AsyncResponses", "create"),
+    ], _patch_responses, _TESTED),
+], _reset)  # fmt: skip
+#: Patch the openai client when (or if already) imported; idempotent.
+install = scaffold.install
+#: Put every patched attribute back (tests); calls already in flight still finish.
+uninstall = scaffold.uninstall
 
 
 # --- one LLM call ------------------------------------------------------------------------------
 
 
-class _Call:
-    """What the hook knows about one call, until `finish` records it (once)."""
+class _Call(_llm.LlmCall):
+    """What the hook knows about one call (besides its answer: `_llm.LlmCall`), until `finish` records it (once)."""
 
     __slots__ = (
         "state", "parent_id", "provider_id", "call_id", "request_model", "server", "stream", "observe",
-        "start_ns", "first_ns", "last_ns", "chunks", "input_tokens", "output_tokens", "response_model",
-        "done", "span", "__weakref__",
+        "start_ns", "last_ns", "done", "span", "__weakref__",
     )
 
     def __init__(self, state: runtime.RequestState, kwargs: dict[str, Any], resource: Any,
@@ -167,12 +159,8 @@ class _Call:
         self.stream = bool(kwargs.get("stream", False))
         self.observe = observe
         self.server = _server_of(resource)
-        self.first_ns: int | None = None
+        _llm.LlmCall.__init__(self)
         self.last_ns = self.start_ns
-        self.chunks = 0
-        self.input_tokens: Any = None
-        self.output_tokens: Any = None
-        self.response_model: str | None = None
         self.done = False
         self.span: Any = _start_span(self)
 
@@ -187,34 +175,23 @@ class _Call:
         self.done = True
         try:
             end = self.last_ns if abandoned else _now()
-            first = self.first_ns
             # TTFT is measured when a token came, or when the stream ran to its end without one.
-            ttft_known = self.stream and (first is not None or (error is None and not abandoned))
+            ttft_known = _llm.ttft_known(self.stream, self.first_ns, error is None and not abandoned)
             attrs: dict[str, Any] = {GEN_AI_OPERATION_NAME: OPERATION, GEN_AI_PROVIDER_NAME: "openai", LLM_CALL_ID: self.call_id,
                                      TTFT_KNOWN: ttft_known}
             model = self.request_model or self.response_model
             if self.request_model:
                 attrs[GEN_AI_REQUEST_MODEL] = self.request_model
-            if self.response_model:
-                attrs[GEN_AI_RESPONSE_MODEL] = self.response_model
             if self.server:
                 attrs[SERVER_ADDRESS] = self.server
-            if self.input_tokens is not None:
-                attrs[GEN_AI_INPUT_TOKENS] = self.input_tokens
-            if self.output_tokens is not None:
-                attrs[GEN_AI_OUTPUT_TOKENS] = self.output_tokens
-            if self.stream:
-                attrs[OUTPUT_CHUNKS] = self.chunks
             if error is not None:
                 attrs[ERROR_TYPE] = type(error).__qualname__
                 status = getattr(error, "status_code", None)  # openai.APIStatusError: 429, 5xx, ...
                 if isinstance(status, int):
                     attrs[HTTP_STATUS_CODE] = status
             name = f"{OPERATION} {model}" if model else OPERATION
-            provider_end = first if first is not None and self.stream else end
-            _record(self, name, PROVIDER, self.start_ns, provider_end, attrs, self.provider_id)
-            if self.stream and first is not None:
-                _record(self, name, MODEL, first, max(first, end), attrs, None)
+            parent = self.parent_id if self.parent_id is not None else runtime.ROOT  # not the reading code's parent
+            self.record(self.state, parent, name, attrs, self.start_ns, end, streamed=self.stream, segment_id=self.provider_id)
             if self.span is not None:
                 _end_span(self, attrs, end, error)
         except Exception as exc:
@@ -252,39 +229,10 @@ class _Call:
             except Exception:
                 content = None
             if content:
-                body = _loads(content)
+                body = _llm.loads(content)
                 if isinstance(body, dict):
                     model, usage = body.get("model"), body.get("usage")
-        if isinstance(model, str):
-            self.response_model = model
-        if usage is not None:
-            self.input_tokens, self.output_tokens = _usage_counts(usage)
-
-
-def _record(call: _Call, name: str, layer: str, start: int, end: int, attrs: dict[str, Any], segment_id: str | None) -> None:
-    parent = call.parent_id if call.parent_id is not None else runtime.ROOT  # not the reading code's parent
-    runtime.record(name, layer, start, end, attrs, parent_id=parent, segment_id=segment_id, state=call.state)
-
-
-def _usage_counts(usage: Any) -> tuple[Any, Any]:
-    """(input, output) tokens of a Chat (`prompt_tokens`) or Responses (`input_tokens`) usage, object or dict."""
-    get = usage.get if isinstance(usage, dict) else functools.partial(getattr, usage)
-    input_tokens = get("prompt_tokens", None)
-    if input_tokens is None:
-        input_tokens = get("input_tokens", None)
-    output_tokens = get("completion_tokens", None)
-    if output_tokens is None:
-        output_tokens = get("output_tokens", None)
-    return input_tokens, output_tokens
-
-
-def _loads(content: bytes) -> Any:
-    try:
-        import orjson
-
-        return orjson.loads(content)
-    except Exception:
-        return None
+        self.note(model, usage)
 
 
 def _server_of(resource: Any) -> str | None:
@@ -380,20 +328,20 @@ def _observe_chat_chunk(call: _Call, chunk: Any) -> None:
     call.last_ns = now
     for choice in chunk.choices or ():
         delta = choice.delta
-        if delta is not None and (
+        if delta is not None and (  # _llm.DELTA_FIELDS, on the SDK's objects
             delta.content
             or delta.tool_calls
             or getattr(delta, "refusal", None)
             or getattr(delta, "function_call", None)
             or _reasoning(delta)
         ):
-            call.chunks += 1
+            call.chunks += 1  # call.token(now), inlined
             if call.first_ns is None:
                 call.first_ns = now
             break
     usage = chunk.usage  # only in the chunk(s) the caller asked for with stream_options
     if usage is not None:
-        call.input_tokens, call.output_tokens = _usage_counts(usage)
+        call.note(None, usage)
     if call.response_model is None:
         call.response_model = chunk.model
 
@@ -406,25 +354,17 @@ def _reasoning(delta: Any) -> bool:
     return bool(extra.get("reasoning_content") or extra.get("reasoning"))
 
 
-_RESPONSE_SNAPSHOTS = frozenset(
-    {"response.created", "response.in_progress", "response.completed", "response.incomplete", "response.failed"}
-)
-
-
 def _observe_response_event(call: _Call, event: Any) -> None:
     now = _now()
     call.last_ns = now
     kind = event.type
     if kind.endswith(".delta"):  # response.created and friends come before any token
-        call.chunks += 1
+        call.chunks += 1  # call.token(now), inlined
         if call.first_ns is None:
             call.first_ns = now
-    elif kind in _RESPONSE_SNAPSHOTS:
+    elif kind in _llm.RESPONSE_SNAPSHOTS:
         response = event.response
-        if isinstance(response.model, str):
-            call.response_model = response.model
-        if response.usage is not None:
-            call.input_tokens, call.output_tokens = _usage_counts(response.usage)
+        call.note(response.model, response.usage)
 
 
 # --- streams -----------------------------------------------------------------------------------

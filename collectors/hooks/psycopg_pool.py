@@ -45,7 +45,7 @@ import types
 from typing import Any, Callable
 
 from latprof import semconv
-from latprof.collectors.hooks import _pools, runtime
+from latprof.collectors.hooks import _pools, _scaffold, runtime
 from latprof.collectors.hooks._pools import ROOT as _ROOT
 from latprof.collectors.hooks._pools import now_ns as _now
 from latprof.collectors.hooks._pools import parent_get as _current_parent
@@ -115,11 +115,11 @@ _CURSOR_CLASSES = (
 
 
 def _apply(psycopg_pool_module: types.ModuleType) -> None:
-    """Patch the pool and cursor classes (all or nothing: see `_pools`)."""
+    """Patch the pool and cursor classes (all or nothing: see `_scaffold`)."""
     global _wait_histogram
     import psycopg
 
-    replace = _patches.replace
+    replace = scaffold.replace
     pools = [
         getattr(psycopg_pool_module, name, None)
         for name in ("ConnectionPool", "AsyncConnectionPool", "NullConnectionPool", "AsyncNullConnectionPool")
@@ -148,11 +148,22 @@ def _reset() -> None:
     _wait_histogram = None
 
 
-_patches = _pools.LibraryPatches(HOOK, "psycopg_pool", _apply, _reset)
+_T = _scaffold.Target
+#: What the hook patches, in the psycopg_pool lines it is tested on (the README's and nox's).
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("psycopg_pool", [
+        _T("psycopg_pool", "ConnectionPool", "getconn"),
+        _T("psycopg_pool", "ConnectionPool", "putconn"),
+        _T("psycopg_pool", "AsyncConnectionPool", "getconn", True),
+        _T("psycopg_pool", "AsyncConnectionPool", "putconn", True),
+        _T("psycopg", "Cursor", "execute"),
+        _T("psycopg", "AsyncCursor", "execute", True),
+    ], _apply, [_scaffold.Tested("psycopg_pool", "3.2", "3.3"), _scaffold.Tested("psycopg", "3.3", "3.3")]),
+], _reset)  # fmt: skip
 #: Hook psycopg_pool when it is imported (now, if it already is). Idempotent.
-install = _patches.install
+install = scaffold.install
 #: Undo every patch (tests); pools and connections keep their harmless bookkeeping.
-uninstall = _patches.uninstall
+uninstall = scaffold.uninstall
 
 
 # --- pools: names and state -------------------------------------------------------------------

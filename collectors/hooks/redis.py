@@ -60,7 +60,7 @@ import weakref
 from typing import Any, Callable
 
 from latprof import semconv
-from latprof.collectors.hooks import _pools, runtime
+from latprof.collectors.hooks import _pools, _scaffold, runtime
 from latprof.collectors.hooks._pools import ROOT as _ROOT
 from latprof.collectors.hooks._pools import now_ns as _now
 from latprof.collectors.hooks._pools import parent_get as _parent_get
@@ -217,19 +217,18 @@ _wait_histogram_proxy = False
 # --- install ---------------------------------------------------------------------------------
 
 
-def _apply(redis_module: types.ModuleType) -> None:
-    """Patch the sync and the asyncio client, each all or nothing; errors counted."""
-    global _wait_histogram, _wait_histogram_proxy
-    for targets in (_sync_targets, _async_targets):
-        try:
-            replacements = targets()
-        except Exception as exc:  # this family lacks a hook point: the other one still works
-            runtime.count_error(HOOK, exc)
-            continue
-        for cls, name, wrapper in replacements:
-            _patches.replace(cls, name, wrapper)
-    _wait_histogram = runtime.connection_wait_histogram(HOOK)
-    _wait_histogram_proxy = hasattr(_wait_histogram, "_real_instrument")
+def _applier(targets: Callable[[], list[tuple[type, str, Callable[..., Any]]]]) -> Callable[[types.ModuleType], None]:
+    """Patch one client family (sync or asyncio); each is a part of its own, all or nothing (see `_scaffold`)."""
+
+    def apply(redis_module: types.ModuleType) -> None:
+        global _wait_histogram, _wait_histogram_proxy
+        for cls, name, wrapper in targets():
+            scaffold.replace(cls, name, wrapper)
+        if _wait_histogram is None:
+            _wait_histogram = runtime.connection_wait_histogram(HOOK)
+            _wait_histogram_proxy = hasattr(_wait_histogram, "_real_instrument")
+
+    return apply
 
 
 def _reset() -> None:
@@ -237,11 +236,28 @@ def _reset() -> None:
     _wait_histogram, _wait_histogram_proxy = None, False
 
 
-_patches = _pools.LibraryPatches(HOOK, "redis", _apply, _reset)
+_T = _scaffold.Target
+_TESTED = [_scaffold.Tested("redis", "5", "8")]  # the README's and nox's lines
+#: What the hook patches: the sync and the asyncio client, each patched or off on its own.
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("redis", [
+        _T("redis.connection", "ConnectionPool", "get_connection"),
+        _T("redis.connection", "AbstractConnection", "connect"),
+        _T("redis.client", "Pipeline", "execute"),
+        _T("redis.client", "Pipeline", "immediate_execute_command"),
+    ], _applier(lambda: _sync_targets()), _TESTED),
+    _scaffold.Library("redis", [
+        _T("redis.asyncio.connection", "ConnectionPool", "get_connection"),
+        _T("redis.asyncio.connection", "AbstractConnection", "connect"),
+        _T("redis.asyncio.client", "Redis", "execute_command"),
+        _T("redis.asyncio.client", "Pipeline", "execute"),
+        _T("redis.asyncio.client", "Pipeline", "immediate_execute_command"),
+    ], _applier(lambda: _async_targets()), _TESTED),
+], _reset)  # fmt: skip
 #: Hook redis-py when it is imported (now, if it already is). Idempotent.
-install = _patches.install
+install = scaffold.install
 #: Undo every patch (tests); pools keep their harmless bookkeeping.
-uninstall = _patches.uninstall
+uninstall = scaffold.uninstall
 
 
 def _sync_targets() -> list[tuple[type, str, Callable[..., Any]]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
-import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -473,32 +472,6 @@ def guarded(hook: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 
 # --- patching libraries when they are imported -------------------------------------------------
-
-
-class Patches:
-    """The attributes a hook replaced: `wrap` patches one (once: wrappers carry `mark`),
-    `restore` puts every original back, latest first (a hook's `uninstall`)."""
-
-    def __init__(self, mark: str) -> None:
-        self.mark = mark
-        self._done: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) in patch order
-
-    def wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> bool:
-        """Replace `owner.name` (defined on `owner` itself) by `make(original)`, wrapped like it;
-        False when there is no such attribute or it is wrapped already."""
-        original = getattr(owner, "__dict__", {}).get(name)
-        if original is None or getattr(original, self.mark, False):
-            return False
-        wrapper = functools.wraps(original)(make(original))
-        setattr(wrapper, self.mark, True)
-        setattr(owner, name, wrapper)
-        self._done.append((owner, name, original))
-        return True
-
-    def restore(self) -> None:
-        while self._done:
-            owner, name, original = self._done.pop()
-            setattr(owner, name, original)
 
 
 _pending: dict[str, list[Callable[[types.ModuleType], None]]] = {}

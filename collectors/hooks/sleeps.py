@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any, Callable, SupportsIndex
 
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _scaffold, runtime
 from latprof.layers import RETRY
 from latprof.semconv import RETRY_LIBRARY, SLEEP_SEGMENT
 
@@ -31,42 +31,29 @@ MIN_SLEEP_S = 0.001
 RETRY_LIBRARIES = frozenset({"tenacity", "backoff", "retrying", "stamina", "urllib3"})
 
 _time_ns = time.time_ns
-_originals: dict[str, Any] = {}
-_installed = False
 
 
-def install() -> bool:
-    """Replace `time.sleep` now and `asyncio.sleep` when asyncio is imported; idempotent."""
-    global _installed
-    if _installed:
-        return True
-    _installed = True
-    _originals["time"] = time.sleep
-    time.sleep = _make_sleep(time.sleep)
-    runtime.when_imported("asyncio", _patch_asyncio)  # not imported here: most processes never need it
-    return True
+def _patch_time(module: Any) -> None:
+    scaffold.replace(module, "sleep", _make_sleep(module.sleep))
 
 
-@runtime.guarded(HOOK)
 def _patch_asyncio(module: Any) -> None:
-    if "asyncio" in _originals or not _installed:
-        return
-    _originals["asyncio"] = module.sleep
-    module.sleep = _make_async_sleep(module.sleep)
-    module.tasks.sleep = module.sleep  # `asyncio.sleep` is asyncio.tasks.sleep, re-exported
+    sleep = _make_async_sleep(module.tasks.sleep)
+    if scaffold.replace(module.tasks, "sleep", sleep):
+        scaffold.replace(module, "sleep", sleep)  # `asyncio.sleep` is asyncio.tasks.sleep, re-exported
 
 
-def uninstall() -> None:
-    """Restore the originals (tests)."""
-    global _installed
-    if "time" in _originals:
-        time.sleep = _originals.pop("time")
-    if "asyncio" in _originals:
-        asyncio = sys.modules["asyncio"]
-        original = _originals.pop("asyncio")
-        setattr(asyncio, "sleep", original)
-        setattr(asyncio.tasks, "sleep", original)
-    _installed = False
+_T = _scaffold.Target
+#: What the hook patches: `time.sleep` now, `asyncio.sleep` when asyncio is imported (most
+#: processes never need it: not imported here).
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("time", [_T("time", "", "sleep")], _patch_time),
+    _scaffold.Library("asyncio", [_T("asyncio.tasks", "", "sleep", True), _T("asyncio", "", "sleep", True)], _patch_asyncio),
+])  # fmt: skip
+#: Replace `time.sleep` now and `asyncio.sleep` when asyncio is imported; idempotent.
+install = scaffold.install
+#: Restore the originals (tests).
+uninstall = scaffold.uninstall
 
 
 def _library(depth: int) -> str | None:

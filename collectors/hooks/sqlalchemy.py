@@ -47,7 +47,7 @@ import types
 from typing import Any, Callable
 
 from latprof import semconv
-from latprof.collectors.hooks import _pools, runtime
+from latprof.collectors.hooks import _pools, _scaffold, runtime
 from latprof.collectors.hooks._pools import ROOT as _ROOT
 from latprof.collectors.hooks._pools import now_ns as _now
 from latprof.collectors.hooks._pools import parent_get as _current_parent
@@ -140,14 +140,14 @@ _statement_reset = _statement.reset
 
 
 def _apply(sqlalchemy_module: types.ModuleType) -> None:
-    """Patch the pool, engine and dialect classes and attach the listeners (all or nothing: see `_pools`)."""
+    """Patch the pool, engine and dialect classes and attach the listeners (all or nothing: see `_scaffold`)."""
     global _wait_histogram
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
     from sqlalchemy.engine.default import DefaultDialect
     from sqlalchemy.pool import Pool, impl
 
-    replace = _patches.replace
+    replace = scaffold.replace
     for cls in [getattr(impl, name) for name in dir(impl)]:
         if isinstance(cls, type) and issubclass(cls, Pool) and "_do_get" in cls.__dict__:
             replace(cls, "_do_get", _wrap_do_get(cls.__dict__["_do_get"]))
@@ -171,7 +171,7 @@ def _apply(sqlalchemy_module: types.ModuleType) -> None:
         (Pool, "checkin", _on_checkin),
     ):
         event.listen(target, name, fn)
-        _patches.undo.append(functools.partial(event.remove, target, name, fn))
+        scaffold.on_uninstall(functools.partial(event.remove, target, name, fn))
     _wait_histogram = runtime.connection_wait_histogram(HOOK)
 
 
@@ -179,7 +179,7 @@ def _patch_dialect_class(cls: type) -> None:
     """Wrap the execution methods a dialect class defines itself (its bases are patched on their own)."""
     for name in _EXECUTE_METHODS:
         if name in cls.__dict__:
-            _patches.replace(cls, name, _wrap_execute(cls.__dict__[name]))
+            scaffold.replace(cls, name, _wrap_execute(cls.__dict__[name]))
 
 
 def _reset() -> None:
@@ -187,11 +187,20 @@ def _reset() -> None:
     _wait_histogram = None
 
 
-_patches = _pools.LibraryPatches(HOOK, "sqlalchemy", _apply, _reset)
+_T = _scaffold.Target
+#: What the hook patches, in the SQLAlchemy lines it is tested on (the README's and nox's).
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("sqlalchemy", [
+        _T("sqlalchemy.pool.impl", "QueuePool", "_do_get"),
+        _T("sqlalchemy.engine.base", "Engine", "__init__"),
+        _T("sqlalchemy.engine.base", "Engine", "dispose"),
+        _T("sqlalchemy.engine.default", "DefaultDialect", "do_execute"),
+    ], _apply, [_scaffold.Tested("sqlalchemy", "2.0", "2.1")]),
+], _reset)  # fmt: skip
 #: Hook SQLAlchemy when it is imported (now, if it already is). Idempotent.
-install = _patches.install
+install = scaffold.install
 #: Undo every patch and listener (tests); pools keep their harmless bookkeeping.
-uninstall = _patches.uninstall
+uninstall = scaffold.uninstall
 
 
 # --- pools: names and state -------------------------------------------------------------------
@@ -232,8 +241,8 @@ def _wrap_engine_init(original: Callable[..., None]) -> Callable[..., None]:
         original(self, *args, **kwargs)
         try:
             _tag_pool(self)
-            with _patches.lock:
-                if _patches.installed and _patches.patched:  # a dialect class loaded since install: patch it before it runs
+            with scaffold.lock:
+                if scaffold.installed and scaffold.patched:  # a dialect class loaded since install: patch it before it runs
                     for cls in type(self.dialect).__mro__:
                         _patch_dialect_class(cls)
         except Exception as exc:

@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _scaffold, runtime
 from latprof.layers import QUEUE
 from latprof.semconv import QUEUE_SOURCE, THREAD_POOL_MAX_WORKERS, THREAD_POOL_NAME
 
@@ -50,33 +50,26 @@ _request_var = runtime._request
 _parent_var = runtime._parent
 _CARRIED = "_latprof_carried"  # on a Thread started inside a request: (request, parent)
 
-_installed = False
-_patches = runtime.Patches("__latprof_threads__")  # what install() replaced, for uninstall()
+def _patch_threading(module: Any) -> None:
+    scaffold.wrap(module.Thread, "start", _make_start)
+    scaffold.wrap(module.Thread, "run", _make_run)
 
 
-def install() -> bool:
-    """Patch `threading.Thread` now and `ThreadPoolExecutor` when it is imported; idempotent."""
-    global _installed
-    if _installed:
-        return True
-    _installed = True
-    _patches.wrap(threading.Thread, "start", _make_start)
-    _patches.wrap(threading.Thread, "run", _make_run)
-    runtime.when_imported("concurrent.futures.thread", _patch_executor)
-    return True
-
-
-def uninstall() -> None:
-    """Restore the originals (tests); work already handed over still finishes as it began."""
-    global _installed
-    _installed = False
-    _patches.restore()
-
-
-@runtime.guarded(HOOK)
 def _patch_executor(module: Any) -> None:
-    if _installed:
-        _patches.wrap(module.ThreadPoolExecutor, "submit", _make_submit)  # once: a wrapped one is left alone
+    scaffold.wrap(module.ThreadPoolExecutor, "submit", _make_submit)  # once: a wrapped one is left alone
+
+
+_T = _scaffold.Target
+#: What the hook patches: `threading.Thread` now, `ThreadPoolExecutor` when it is imported.
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("threading", [_T("threading", "Thread", "start"), _T("threading", "Thread", "run")], _patch_threading),
+    _scaffold.Library("concurrent.futures.thread", [_T("concurrent.futures.thread", "ThreadPoolExecutor", "submit")],
+                      _patch_executor),
+])  # fmt: skip
+#: Patch `threading.Thread` now and `ThreadPoolExecutor` when it is imported; idempotent.
+install = scaffold.install
+#: Restore the originals (tests); work already handed over still finishes as it began.
+uninstall = scaffold.uninstall
 
 
 # --- ThreadPoolExecutor --------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from latprof.collectors.hooks import _inbound, runtime
+from latprof.collectors.hooks import _inbound, _scaffold, runtime
 from latprof.layers import QUEUE
 from latprof.semconv import NOTE_WARNING, QUEUE_SOURCE, SAMPLE_WEIGHT
 
@@ -55,10 +55,8 @@ BEHIND_THE_PROXY = "queue before the server (X-Request-Start)"
 NO_ROUTE = "<no route>"
 UNMATCHED = "<unmatched>"
 
-_PATCHED = "_latprof_patched"
 _time_ns = time.time_ns
 _thread_time_ns = time.thread_time_ns
-_installed = False
 
 #: gthread: when each connection was last handed to the thread pool (wall-clock ns), by the
 #: socket's file descriptor. An entry is overwritten each time a connection on that descriptor
@@ -68,48 +66,30 @@ _installed = False
 _enqueued: dict[int, int] = {}
 
 
-def install() -> bool:
-    """Patch gunicorn's workers and Flask when (if ever) the service imports them; idempotent."""
-    global _installed
-    if not _installed:
-        _installed = True
-        runtime.when_imported("gunicorn.workers.base", _patch_worker)
-        runtime.when_imported("gunicorn.workers.gthread", _patch_gthread)
-        runtime.when_imported("flask.ctx", _patch_flask)
-    return True
-
-
 # --- gunicorn ----------------------------------------------------------------------------------
 
 
-@runtime.guarded(HOOK)
 def _patch_worker(module: Any) -> None:
-    cls = getattr(module, "Worker", None)
-    original = getattr(cls, "load_wsgi", None)
-    if cls is None or original is None or getattr(original, _PATCHED, False):
-        return
+    cls = module.Worker
+    original = cls.__dict__["load_wsgi"]
 
     def load_wsgi(self: Any) -> Any:
         result = original(self)
         try:
             app = getattr(self, "wsgi", None)
-            if app is not None and not getattr(app, _PATCHED, False):
+            if app is not None and getattr(app, _scaffold.MARK, None) is None:
                 self.wsgi = wrap_app(app, server="gunicorn", threaded=type(self).__name__ == "ThreadWorker")
         except Exception as exc:
             runtime.count_error(HOOK, exc)
         return result
 
     functools.update_wrapper(load_wsgi, original)
-    setattr(load_wsgi, _PATCHED, True)
-    cls.load_wsgi = load_wsgi
+    scaffold.replace(cls, "load_wsgi", load_wsgi)
 
 
-@runtime.guarded(HOOK)
 def _patch_gthread(module: Any) -> None:
-    cls = getattr(module, "ThreadWorker", None)
-    original = getattr(cls, "enqueue_req", None)
-    if cls is None or original is None or getattr(original, _PATCHED, False):
-        return
+    cls = module.ThreadWorker
+    original = cls.__dict__["enqueue_req"]
 
     def enqueue_req(self: Any, conn: Any) -> Any:
         try:
@@ -121,8 +101,7 @@ def _patch_gthread(module: Any) -> None:
         return original(self, conn)
 
     functools.update_wrapper(enqueue_req, original)
-    setattr(enqueue_req, _PATCHED, True)
-    cls.enqueue_req = enqueue_req
+    scaffold.replace(cls, "enqueue_req", enqueue_req)
 
 
 # --- the application ---------------------------------------------------------------------------
@@ -168,7 +147,7 @@ def wrap_app(app: Callable[..., Any], *, server: str = "wsgi", threaded: bool = 
         return _Response(result, request)
 
     functools.update_wrapper(application, app)
-    setattr(application, _PATCHED, True)
+    setattr(application, _scaffold.MARK, app)  # wrapped once: gunicorn may load the app again
     return application
 
 
@@ -271,12 +250,9 @@ class _Response:
 # --- route templates ---------------------------------------------------------------------------
 
 
-@runtime.guarded(HOOK)
 def _patch_flask(module: Any) -> None:
-    cls = getattr(module, "RequestContext", None)
-    original = getattr(cls, "match_request", None)
-    if cls is None or original is None or getattr(original, _PATCHED, False):
-        return
+    cls = module.RequestContext
+    original = cls.__dict__["match_request"]
 
     def match_request(self: Any) -> Any:
         try:
@@ -293,5 +269,21 @@ def _patch_flask(module: Any) -> None:
                 runtime.count_error(HOOK, exc)
 
     functools.update_wrapper(match_request, original)
-    setattr(match_request, _PATCHED, True)
-    cls.match_request = match_request
+    scaffold.replace(cls, "match_request", match_request)
+
+
+_T = _scaffold.Target
+#: What the hook patches, each part when (if ever) its module is imported, in the lines the
+#: README's command installs.
+scaffold = _scaffold.Hook(HOOK, [
+    _scaffold.Library("gunicorn.workers.base", [_T("gunicorn.workers.base", "Worker", "load_wsgi", False)], _patch_worker,
+                      [_scaffold.Tested("gunicorn", "27.0", "27.0")]),
+    _scaffold.Library("gunicorn.workers.gthread", [_T("gunicorn.workers.gthread", "ThreadWorker", "enqueue_req", False)],
+                      _patch_gthread, [_scaffold.Tested("gunicorn", "27.0", "27.0")]),
+    _scaffold.Library("flask.ctx", [_T("flask.ctx", "RequestContext", "match_request", False)], _patch_flask,
+                      [_scaffold.Tested("flask", "3.1", "3.1")]),
+])  # fmt: skip
+#: Patch gunicorn's workers and Flask when (if ever) the service imports them; idempotent.
+install = scaffold.install
+#: Restore the originals (tests); an application wrapped already stays wrapped.
+uninstall = scaffold.uninstall

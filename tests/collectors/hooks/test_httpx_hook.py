@@ -21,7 +21,7 @@ import httpx
 
 from latprof.collectors.hooks import httpx as hook
 from latprof.collectors.hooks import openai as openai_hook
-from latprof.collectors.hooks import runtime
+from latprof.collectors.hooks import _scaffold, runtime
 from latprof.demo.provider import Provider
 from latprof.events import Gauge, QualityRecord, Request, Segment
 from latprof.layers import HTTP_POOL, MODEL, PROVIDER, TOOL
@@ -470,15 +470,15 @@ def test_install_is_idempotent_and_uninstall_restores_the_libraries(recorded):
     import httpcore
 
     patched = httpx.Client.__dict__["send"]
-    assert getattr(patched, hook._MARK) and getattr(httpcore.ConnectionPool.__dict__["handle_request"], hook._MARK)
+    assert getattr(patched, _scaffold.MARK) and getattr(httpcore.ConnectionPool.__dict__["handle_request"], _scaffold.MARK)
     assert hook.install() is True and httpx.Client.__dict__["send"] is patched
     hook.uninstall()
     for owner, name in ((httpx.Client, "send"), (httpx.AsyncClient, "send"), (httpcore.ConnectionPool, "handle_request"),
                         (httpcore.AsyncConnectionPool, "handle_async_request")):
-        assert not hasattr(owner.__dict__[name], hook._MARK), (owner, name)
+        assert not hasattr(owner.__dict__[name], _scaffold.MARK), (owner, name)
     assert httpx.Client.send is patched.__wrapped__
     hook.install()
-    assert getattr(httpx.Client.__dict__["send"], hook._MARK)
+    assert getattr(httpx.Client.__dict__["send"], _scaffold.MARK)
 
 
 class SegmentsFail(ListWriter):

@@ -201,7 +201,7 @@ def test_latprof_and_threading_internals_keep_native_locks_and_uninstall_restore
     assert type(writer._start_lock) is native
     locks.uninstall()
     assert type(threading.Lock()) is native and threading.Semaphore.acquire.__name__ == "acquire"
-    assert not getattr(threading.Semaphore.acquire, "_latprof_patched", False)
+    assert not hasattr(threading.Semaphore.acquire, "__latprof_original__")
     locks.install()
 
 

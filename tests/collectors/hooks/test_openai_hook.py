@@ -253,8 +253,8 @@ def test_nothing_is_recorded_outside_a_request(recorded, client):
 def test_install_is_idempotent(recorded, client):
     assert hook.install() and hook.install()
     create = openai.resources.chat.completions.Completions.create
-    assert getattr(create, "__latprof_openai__", False)
-    assert not getattr(create.__wrapped__, "__latprof_openai__", False)
+    assert create.__latprof_original__ is create.__wrapped__
+    assert not hasattr(create.__wrapped__, "__latprof_original__")
 
     in_request(lambda: stream_text(client))
 
