@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable
 
 from latprof.events import NO_ATTRS, Event, Frame, Gauge, QualityRecord, Request, Segment, StackSample
+from latprof.layers import SEGMENT_LAYERS
 
 SCHEMA = "latprof.capture/1"
 SCHEMA_PREFIX = "latprof.capture/"
@@ -129,45 +130,104 @@ _ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
 }
 
 
-# Decoders take the parsed line and return the event; KeyError/TypeError/ValueError mean a
-# malformed line and are turned into one clear InputError by the reader.
+# The one decoder of capture lines: the reader and the tests both use it. Decoders take the
+# parsed line and return the event; KeyError/TypeError/ValueError mean a malformed line
+# (a segment of an unknown layer is one) and are turned into one clear InputError by the reader.
+
+# Canonical layer strings, so a million segments share a dozen string objects.
+_LAYER_INTERN: dict[Any, str | None] = {layer: layer for layer in SEGMENT_LAYERS}
+_LAYER_INTERN[None] = None
+_BAD_LAYER = "?"
+#: Distinct segment attribute texts a segment decoder remembers to share their dicts (bounds memory).
+ATTRS_CACHE_MAX = 200_000
 
 
 def _attrs(d: dict[str, Any]) -> Any:
     attrs = d.get("attrs")
     if attrs is None:
         return NO_ATTRS
-    if not isinstance(attrs, dict):
-        raise TypeError("attrs must be an object")
+    if type(attrs) is not dict:
+        raise TypeError("attrs must be a JSON object")
     return attrs
 
 
 def _decode_request(d: dict[str, Any]) -> Request:
+    cpu = d.get("cpu_ns")
+    status = d.get("status_code")
     return Request(
-        str(d["request_id"]),
-        d["route"],
+        d["request_id"],
+        str(d["route"]),
         int(d["start_ns"]),
         int(d["end_ns"]),
         int(d["pid"]),
-        d.get("cpu_ns"),
-        d.get("status_code"),
+        None if cpu is None else int(cpu),
+        None if status is None else int(status),
         _attrs(d),
     )
+
+
+SegmentDecoder = Callable[[dict[str, Any], "bytes | None", Any], Segment]
+
+
+def segment_decoder() -> SegmentDecoder:
+    """A decoder of segment lines for one capture file: `decode(d, line=None, request_id=None)`.
+
+    The layer must be one of report-v1's (or null). What repeats across a million segments is
+    kept once: names and pids, and - given the raw `line` - the attribute dict of each distinct
+    attribute text (up to `ATTRS_CACHE_MAX`). `request_id`, when given, is used instead of the
+    line's (equal) one, so one string object serves every segment of a request.
+    """
+    layers = _LAYER_INTERN
+    shared: dict[Any, Any] = {}
+    attrs_cache: dict[bytes, dict[str, Any]] = {}
+    no_attrs = NO_ATTRS
+    # Build the named tuple without its Python-level __new__ (same object, a call cheaper).
+    new_tuple = tuple.__new__
+
+    def decode(d: dict[str, Any], line: bytes | None = None, request_id: Any = None) -> Segment:
+        layer = layers.get(d.get("layer"), _BAD_LAYER)
+        if layer is _BAD_LAYER:
+            raise ValueError(f"unknown layer {d.get('layer')!r}")
+        attrs = d.get("attrs")
+        if attrs is not None:
+            if type(attrs) is not dict:
+                raise TypeError("attrs must be a JSON object")
+            # Most segments repeat another's attributes (pool, statement, model): keep one
+            # dict per distinct text. Keyed on the line from the top-level "attrs" key on
+            # (segment fields before it are scalars, and an unescaped quote cannot occur
+            # inside a JSON string).
+            at = -1 if line is None else line.find(b'"attrs":')
+            if at >= 0:
+                key = line[at:]  # type: ignore[index]  # `line` is not None when `at` is found
+                cached = attrs_cache.get(key)
+                if cached is not None:
+                    attrs = cached
+                elif len(attrs_cache) < ATTRS_CACHE_MAX:
+                    attrs_cache[key] = attrs
+        else:
+            attrs = no_attrs
+        name = d["name"]
+        pid = int(d["pid"])
+        return new_tuple(
+            Segment,
+            (
+                d["request_id"] if request_id is None else request_id,
+                d["segment_id"],
+                d.get("parent_id"),
+                shared.setdefault(name, name),
+                layer,
+                int(d["start_ns"]),
+                int(d["end_ns"]),
+                shared.setdefault(pid, pid),
+                attrs,
+            ),
+        )
+
+    return decode
 
 
 def _decode_segment(d: dict[str, Any]) -> Segment:
-    parent = d.get("parent_id")
-    return Segment(
-        str(d["request_id"]),
-        str(d["segment_id"]),
-        None if parent is None else str(parent),
-        d["name"],
-        d.get("layer"),
-        int(d["start_ns"]),
-        int(d["end_ns"]),
-        int(d["pid"]),
-        _attrs(d),
-    )
+    return segment_decoder()(d, None, None)
 
 
 def _decode_gauge(d: dict[str, Any]) -> Gauge:

@@ -12,10 +12,9 @@ from typing import Any, Callable, Iterable, NamedTuple, Protocol
 import orjson
 
 from latprof.capture.files import open_input
-from latprof.capture.format import DECODERS, SCHEMA, SCHEMA_PREFIX, SOURCE_KINDS
+from latprof.capture.format import DECODERS, SCHEMA, SCHEMA_PREFIX, SOURCE_KINDS, segment_decoder
 from latprof.errors import InputError, SchemaVersionError
-from latprof.events import NO_ATTRS, Gauge, QualityRecord, Request, Segment, StackSample
-from latprof.layers import SEGMENT_LAYERS
+from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.collectors.traces import jaeger_json, otlp_json, otlp_proto, zipkin_json
 from latprof.collectors.traces.spans import Span
 from latprof.collectors.traces.tracemap import map_spans
@@ -26,12 +25,6 @@ _TRACE_SUFFIXES = (".json", ".json.gz")
 _PROTO_SUFFIXES = (".pb", ".pb.gz", ".binpb", ".binpb.gz")
 #: How much of a file's (decompressed) start decides whether it is a trace file (and which) or a capture.
 _SNIFF_BYTES = 64 * 1024
-# Canonical layer strings, so a million segments share a dozen string objects.
-_LAYER_INTERN: dict[Any, str | None] = {layer: layer for layer in SEGMENT_LAYERS}
-_LAYER_INTERN[None] = None
-_BAD_LAYER = "?"
-# Distinct segment attribute texts remembered per file to share their dicts (bounds memory).
-_ATTRS_CACHE_MAX = 200_000
 
 
 @dataclass
@@ -188,21 +181,17 @@ def _check_header(path: Path, lineno: int, header: dict[str, Any]) -> None:
 
 
 def _read_file(path: Path, data: CaptureData) -> None:
-    """Append one file's events to `data`. This loop is the hot path of `latprof analyze`."""
+    """Append one file's events to `data`, decoded by `latprof.capture.format`. This loop is the
+    hot path of `latprof analyze`."""
     loads = orjson.loads
     JSONDecodeError = orjson.JSONDecodeError
-    layers = _LAYER_INTERN
     by_request = data.segments_by_request
     requests_append = data.requests.append
-    no_attrs = NO_ATTRS
+    decode_request = DECODERS["request"]
+    decode_segment = segment_decoder()  # one per file: it shares what repeats across its lines
     seen_header = False
     torn: tuple[int, str] | None = None  # a bad line is fatal unless it turns out to be the last
     unknown_types: dict[str, int] = {}
-    # Names and pids repeat across a million segments: keep one object of each.
-    shared: dict[Any, Any] = {}
-    # Build the named tuple without its Python-level __new__ (same object, a call cheaper).
-    new_tuple = tuple.__new__
-    attrs_cache: dict[bytes, dict[str, Any]] = {}
     lineno = 0
     segments = 0
     valueless_gauges = 0
@@ -219,68 +208,15 @@ def _read_file(path: Path, data: CaptureData) -> None:
                 d = loads(line)
                 kind = d["type"]
                 if kind == "segment":
-                    layer = layers.get(d.get("layer"), _BAD_LAYER)
-                    if layer is _BAD_LAYER:
-                        raise ValueError(f"unknown layer {d.get('layer')!r}")
-                    rid = d["request_id"]
-                    bucket = by_request.get(rid)
-                    if bucket is not None:
-                        rid = bucket[0][0]  # share one id string per request
-                    attrs = d.get("attrs")
-                    if attrs is not None:
-                        if type(attrs) is not dict:
-                            raise TypeError("attrs must be a JSON object")
-                        # Most segments repeat another's attributes (pool, statement, model):
-                        # keep one dict per distinct text. Keyed on the line from the
-                        # top-level "attrs" key on (segment fields before it are scalars,
-                        # and an unescaped quote cannot occur inside a JSON string).
-                        at = line.find(b'"attrs":')
-                        if at >= 0:
-                            key = line[at:]
-                            cached = attrs_cache.get(key)
-                            if cached is not None:
-                                attrs = cached
-                            elif len(attrs_cache) < _ATTRS_CACHE_MAX:
-                                attrs_cache[key] = attrs
-                    else:
-                        attrs = no_attrs
-                    name = d["name"]
-                    pid = int(d["pid"])
-                    segment = new_tuple(
-                        Segment,
-                        (
-                            rid,
-                            d["segment_id"],
-                            d.get("parent_id"),
-                            shared.setdefault(name, name),
-                            layer,
-                            int(d["start_ns"]),
-                            int(d["end_ns"]),
-                            shared.setdefault(pid, pid),
-                            attrs,
-                        ),
-                    )
+                    bucket = by_request.get(d["request_id"])
                     if bucket is None:
-                        by_request[rid] = [segment]
+                        segment = decode_segment(d, line, None)
+                        by_request[segment[0]] = [segment]
                     else:
-                        bucket.append(segment)
+                        bucket.append(decode_segment(d, line, bucket[0][0]))  # one id string per request
                     segments += 1
                 elif kind == "request":
-                    attrs = d.get("attrs")
-                    cpu = d.get("cpu_ns")
-                    status = d.get("status_code")
-                    requests_append(
-                        Request(
-                            d["request_id"],
-                            str(d["route"]),
-                            int(d["start_ns"]),
-                            int(d["end_ns"]),
-                            int(d["pid"]),
-                            None if cpu is None else int(cpu),
-                            None if status is None else int(status),
-                            no_attrs if attrs is None else _check_attrs(attrs),
-                        )
-                    )
+                    requests_append(decode_request(d))  # type: ignore[arg-type]
                 elif kind == "header":
                     _check_header(path, lineno, d)
                     seen_header = True
@@ -327,12 +263,6 @@ def _read_file(path: Path, data: CaptureData) -> None:
         data.warnings.append(f"{path}: skipped {valueless_gauges} gauge reading(s) without a value (NaN or infinity)")
     for kind, count in sorted(unknown_types.items()):
         data.warnings.append(f"{path}: skipped {count} event(s) of unknown type {kind!r} (written by a newer latprof?)")
-
-
-def _check_attrs(attrs: Any) -> Any:
-    if not isinstance(attrs, dict):
-        raise TypeError("attrs must be a JSON object")
-    return attrs
 
 
 def _not_a_capture(path: Path, first_line: bytes) -> str:

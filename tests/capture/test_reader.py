@@ -182,3 +182,54 @@ def test_attributes_are_kept_apart_whatever_the_json_spacing(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     models = [s.attrs["gen_ai.request.model"] for s in read_captures([path]).segments_by_request["r1"]]
     assert models == ["gpt-4o", "gpt-4o-mini", "gpt-4o"]
+
+
+# --- one decoder: the reader's is `latprof.capture.format.decode` -----------------------------------
+
+
+def test_the_reader_and_decode_give_the_same_events_for_the_same_lines(tmp_path):
+    from latprof.capture.format import decode
+
+    events = sample_events()
+    data = read_captures([write_capture(tmp_path / "c.jsonl", events)])
+    read = [*data.quality, *(s for segments in data.segments_by_request.values() for s in segments), *data.requests,
+            *data.gauges, *data.samples]  # fmt: skip
+    decoded = [decode(orjson.loads(orjson.dumps(encode(e)))) for e in events]
+    assert sorted(map(repr, read)) == sorted(map(repr, decoded)) == sorted(map(repr, events))
+
+
+@pytest.mark.parametrize(
+    ("wire", "error"),
+    [
+        ({"type": "segment", "request_id": "r1", "segment_id": "s1", "name": "x", "layer": "database",
+          "start_ns": 1, "end_ns": 2, "pid": 1}, ValueError),
+        ({"type": "segment", "request_id": "r1", "segment_id": "s1", "name": "x", "layer": "db.pool",
+          "start_ns": 1, "end_ns": 2, "pid": 1, "attrs": ["not", "an", "object"]}, TypeError),
+        ({"type": "request", "request_id": "r1", "route": "GET /", "start_ns": 1, "end_ns": 2}, KeyError),
+    ],
+)  # fmt: skip
+def test_decode_refuses_what_the_reader_refuses(tmp_path, wire, error):
+    from latprof.capture.format import decode
+
+    with pytest.raises(error):
+        decode(wire)
+    line = orjson.dumps(wire)
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(orjson.dumps(make_header("run")) + b"\n" + line + b"\n" + orjson.dumps(encode(sample_events()[4])) + b"\n")
+    with pytest.raises(InputError, match=":2: malformed line"):
+        read_captures([path])
+
+
+def test_only_the_capture_package_decodes_capture_lines():
+    """No module outside latprof/capture builds events from wire dicts (one decoder, `format.decode`)."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"_decode_(request|segment|gauge|stack|quality)\b|\bDECODERS\b|segment_decoder\(")
+    offenders = [
+        str(path.relative_to(root))
+        for folder in ("latprof", "collectors", "rules", "tests", "benchmarks")
+        for path in (root / folder).rglob("*.py")
+        if "capture" not in path.relative_to(root).parts[:2] and pattern.search(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
