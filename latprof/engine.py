@@ -8,10 +8,13 @@ import re
 import textwrap
 import traceback
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Sequence
 
 from latprof.analysis.requests import Analysis, LayerStats
 from latprof.layers import LAYERS
+
+if TYPE_CHECKING:
+    from latprof.attach.analysis import AttachAnalysis
 
 SEVERITIES = ("critical", "warning", "info")
 DOC_SECTIONS = ("What it detects", "Why it matters for p99", "Evidence", "How to fix", "Example")
@@ -51,7 +54,17 @@ class Rule:
     """Base of every rule. A rule is one file in `rules/`, a subclass with a docstring in sections.
 
     Subclasses set `id` (stable, kebab-case), `layer`, and `Thresholds` (a frozen dataclass
-    whose field names carry their units), and implement `check`.
+    whose field names carry their units), and judge one kind of analysis or both:
+
+    - `check(analysis)`: a request analysis (`latprof run` captures, trace files: requests
+      and their segments);
+    - `judge_samples(samples)`: a sample analysis (`latprof attach` captures: stack samples,
+      wait channels and gauges of a service seen from outside, `latprof.attach.analysis`).
+
+    `run_rules` gives each rule the analysis it has: a rule that does not implement
+    `judge_samples` finds nothing in an attach capture, and one that implements only
+    `judge_samples` is not asked about requests (`judges`). The config (`enabled`, `severity`,
+    thresholds) applies to both; thresholds used only on attach captures start with `attach_`.
     """
 
     id: ClassVar[str] = ""
@@ -62,7 +75,19 @@ class Rule:
         self.thresholds = thresholds if thresholds is not None else self.Thresholds()
 
     def check(self, analysis: Analysis) -> Iterable[Finding]:
+        """The findings of a request analysis."""
         raise NotImplementedError
+
+    def judge_samples(self, samples: AttachAnalysis) -> Iterable[Finding]:
+        """The findings of a sample analysis (an attach capture); none unless a rule implements it."""
+        return ()
+
+    @classmethod
+    def judges(cls) -> tuple[str, ...]:
+        """What the rule judges: "requests", "samples" or both (by the methods it implements)."""
+        samples = cls.judge_samples is not Rule.judge_samples
+        requests = cls.check is not Rule.check or not samples
+        return tuple(kind for kind, judged in (("requests", requests), ("samples", samples)) if judged)
 
     def finding(
         self,
@@ -236,12 +261,16 @@ def configured(rule_classes: Sequence[type[Rule]], settings: Mapping[str, Any]) 
     return out
 
 
-def run_rules(analysis: Analysis, rules: Sequence[Rule]) -> list[Finding]:
-    """Run each rule; a rule that raises becomes a finding of its own. Sorted by impact, largest first."""
+def run_rules(analysis: Analysis | AttachAnalysis, rules: Sequence[Rule]) -> list[Finding]:
+    """Run each rule on a request analysis (`check`) or a sample analysis (`judge_samples`); a rule
+    that raises becomes a finding of its own. Sorted by impact, largest first."""
     findings: list[Finding] = []
+    requests = isinstance(analysis, Analysis)
     for rule in rules:
+        if ("requests" if requests else "samples") not in rule.judges():
+            continue
         try:
-            findings.extend(rule.check(analysis))
+            findings.extend(rule.check(analysis) if isinstance(analysis, Analysis) else rule.judge_samples(analysis))
         except Exception as exc:  # a broken rule must not take the report down with it
             where = traceback.extract_tb(exc.__traceback__)[-1]
             findings.append(
@@ -274,6 +303,76 @@ def owns_tail(analysis: Analysis, stats: LayerStats, *, min_share: float, min_ex
     return (
         analysis.has_tail and stats.tail_excess_ms >= min_excess_ms and stats.share_of_tail_excess >= min_share
     )
+
+
+@dataclass(frozen=True, slots=True)
+class WaitThresholds:
+    """The thresholds every rule of a wait layer (`queue`, `event_loop`, `db.pool`, `http.pool`,
+    `retry`, `lock`) starts its own `Thresholds` with (a subclass may change a default)."""
+
+    min_share_of_tail_excess: float = 0.2
+    min_tail_excess_ms: float = 50.0
+    #: Without a tail it owns, the wait must take this share of the median request's latency ...
+    min_share_of_median_latency: float = 0.5
+    #: ... and at least this long (every request waits: the wait is the latency).
+    min_median_wait_ms: float = 20.0
+
+
+def judge_wait(analysis: Analysis, stats: LayerStats, thresholds: WaitThresholds) -> tuple[bool, bool, float]:
+    """(owns the tail, dominates the median request, the share that decided): a wait layer is a
+    finding when it owns the tail (`owns_tail`) or, tail or not, when every request waits there
+    (`dominates_median`). The share is of the tail excess when it owns the tail, else of the
+    median request's latency."""
+    t = thresholds
+    owns = owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms)
+    dominates = dominates_median(analysis, stats, min_share=t.min_share_of_median_latency, min_ms=t.min_median_wait_ms)
+    return owns, dominates, stats.share_of_tail_excess if owns else analysis.share_of_median(stats.layer)
+
+
+def wait_evidence(analysis: Analysis, stats: LayerStats, name: str, dominates: bool) -> dict[str, object]:
+    """`layer_evidence`, and `median_evidence` when the layer dominates the median request."""
+    evidence: dict[str, object] = {**layer_evidence(stats, name)}
+    if dominates:
+        evidence.update(median_evidence(analysis, stats))
+    return evidence
+
+
+def dominates_median(analysis: Analysis, stats: LayerStats, *, min_share: float, min_ms: float) -> bool:
+    """True when the layer takes at least `min_share` of the typical request's latency (the
+    median cohort's mean) and at least `min_ms` of it, over enough requests for a verdict
+    (report-v1): every request waits there, so it is a finding whether or not there is a tail."""
+    return (
+        analysis.enough_for_verdict
+        and stats.median_mean_ms >= min_ms
+        and analysis.share_of_median(stats.layer) >= min_share
+    )
+
+
+def median_evidence(analysis: Analysis, stats: LayerStats) -> dict[str, object]:
+    """The evidence of a layer that dominates the typical request: its time there, that request's
+    latency and the share, with the latency ratio that says whether there is a tail."""
+    lat = analysis.latency
+    return {
+        "dominates_median": True,
+        "median_ms": round(stats.median_mean_ms, 3),
+        "median_latency_ms": round(analysis.median_latency_ms, 3),
+        "share_of_median_latency": round(analysis.share_of_median(stats.layer), 4),
+        "p99_over_p50": round(lat.p99_ms / lat.p50_ms, 2) if lat and lat.p50_ms > 0 else None,
+    }
+
+
+def median_summary(analysis: Analysis, stats: LayerStats, what: str) -> str:
+    """'Every request {what}: 209 ms of the median request's 240 ms (87%)': the opening of a
+    finding whose layer dominates the typical request rather than the tail."""
+    return (
+        f"Every request {what}: {fmt_ms(stats.median_mean_ms)} of the median request's"
+        f" {fmt_ms(analysis.median_latency_ms)} ({analysis.share_of_median(stats.layer):.0%})"
+    )
+
+
+def severity_for_median(analysis: Analysis, stats: LayerStats, critical_at: float = 0.75) -> str:
+    """The severity of a layer that dominates the typical request: critical from `critical_at` of its latency."""
+    return severity_for_share(analysis.share_of_median(stats.layer), critical_at)
 
 
 def layer_evidence(stats: LayerStats, name: str) -> dict[str, float]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from latprof.analysis.requests import DEFAULT_WARMUP_S, Analysis, analyze
+from latprof.analysis.requests import DEFAULT_MIN_TAIL_EXCESS_MS, DEFAULT_WARMUP_S, Analysis, analyze
 from latprof.capture.files import gc_paused
 from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
 from latprof.capture.reader import read_captures
@@ -15,6 +15,9 @@ from latprof.engine import Finding, Rule, all_rules, configured, run_rules
 from latprof.analysis.inference import infer_pool_waits, infer_queueing
 from latprof.report.model import Report, build_report
 from latprof.analysis.timeline import build_timeline
+
+if TYPE_CHECKING:
+    from latprof.attach.analysis import AttachAnalysis
 
 
 def default_rules() -> list[Rule]:
@@ -26,12 +29,14 @@ def default_rules() -> list[Rule]:
 class Diagnosis:
     """A finished diagnosis with what it was made from: the analysis and the rules' findings.
 
-    `analysis` is None for an attach capture (stack samples, no requests: `latprof.attach.analysis`).
+    `analysis` is None for an attach capture (stack samples, no requests): `samples` holds its
+    sample analysis (`latprof.attach.analysis`), None otherwise.
     """
 
     analysis: Analysis | None
     findings: list[Finding]
     report: Report
+    samples: AttachAnalysis | None = None
 
 
 def run_diagnosis(
@@ -40,12 +45,15 @@ def run_diagnosis(
     warmup_s: float = DEFAULT_WARMUP_S,
     rules: Sequence[Rule] | None = None,
     source_kind: str | None = None,
+    min_tail_excess_ms: float = DEFAULT_MIN_TAIL_EXCESS_MS,
 ) -> Diagnosis:
-    """Read the captures (or trace files) at `paths`, analyse them and run the rules.
+    """Read the captures (or trace files) at `paths`, analyse them and run the rules: on the
+    request analysis, or on the sample analysis of an attach capture (`Rule.judge_samples`).
 
     `source_kind` (one of report-v1's `source.kind`s) says how the data was collected when the
     files cannot: `latprof receive` passes "receive" for the OTLP file it wrote, which read
     alone is "otlp". By default the files' headers (or trace format) decide.
+    `min_tail_excess_ms` is the smallest tail worth a verdict (docs/layers.md).
     """
     if source_kind is not None and source_kind not in SOURCE_KINDS:
         raise ValueError(f"source_kind must be one of {SOURCE_KINDS}, not {source_kind!r}")
@@ -54,14 +62,14 @@ def run_diagnosis(
         if source_kind is not None:
             timeline.source_kind = source_kind
         if timeline.source_kind == "attach" and not timeline.requests:
-            from latprof.attach.analysis import analyze_attach, attach_findings, build_attach_report
+            from latprof.attach.analysis import analyze_attach, build_attach_report
 
-            attach = analyze_attach(timeline)
-            attach_found = attach_findings(attach)
-            return Diagnosis(None, attach_found, build_attach_report(attach, attach_found))
+            samples = analyze_attach(timeline)
+            found = run_rules(samples, default_rules() if rules is None else rules)
+            return Diagnosis(None, found, build_attach_report(samples, found), samples)
         if timeline.source_kind in TRACE_SOURCES:
             timeline = infer_queueing(infer_pool_waits(timeline))
-        analysis = analyze(timeline, warmup_s=warmup_s)
+        analysis = analyze(timeline, warmup_s=warmup_s, min_tail_excess_ms=min_tail_excess_ms)
         findings = run_rules(analysis, default_rules() if rules is None else rules)
         return Diagnosis(analysis, findings, build_report(analysis, findings))
 
@@ -73,11 +81,12 @@ def run_configured(
     *,
     warmup_s: float | None = None,
 ) -> Diagnosis:
-    """`run_diagnosis` as the config says: its enabled rules with their thresholds, and its
-    `skip_warmup_s` unless `warmup_s` is given (else the default)."""
+    """`run_diagnosis` as the config says: its enabled rules with their thresholds, its
+    `min_tail_excess_ms`, and its `skip_warmup_s` unless `warmup_s` is given (else the default)."""
     if warmup_s is None:
         warmup_s = config.skip_warmup_s if config.skip_warmup_s is not None else DEFAULT_WARMUP_S
-    return run_diagnosis(paths, warmup_s=warmup_s, rules=configured(rule_classes, config.rules))
+    floor = config.min_tail_excess_ms if config.min_tail_excess_ms is not None else DEFAULT_MIN_TAIL_EXCESS_MS
+    return run_diagnosis(paths, warmup_s=warmup_s, rules=configured(rule_classes, config.rules), min_tail_excess_ms=floor)
 
 
 def diagnose(

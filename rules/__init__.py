@@ -7,6 +7,7 @@ when a module of this folder is missing from `MODULES`.
 from types import ModuleType
 
 from . import (
+    cpu_bound,
     db_pool_exhaustion,
     event_loop_blocked,
     http_pool_exhaustion,
@@ -22,6 +23,7 @@ from . import (
 
 #: Every built-in rule module, by file name; `latprof.engine.discover_rules` takes their Rule classes.
 MODULES: tuple[ModuleType, ...] = (
+    cpu_bound,
     db_pool_exhaustion,
     event_loop_blocked,
     http_pool_exhaustion,

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from latprof.analysis.requests import NS_PER_MS, Analysis
 from latprof.capture.format import TRACE_SOURCES
-from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
+from latprof.engine import (
+    Finding,
+    Rule,
+    WaitThresholds,
+    fmt_ms,
+    judge_wait,
+    median_summary,
+    severity_for_median,
+    severity_for_share,
+    wait_evidence,
+)
 from latprof.analysis.inference import (
     INFERRED,
     INFERRED_AT_CEILING,
@@ -27,13 +37,17 @@ from latprof.semconv import (
     SEGMENT_CONNECTION_HOLD,
 )
 
+if TYPE_CHECKING:
+    from latprof.attach.analysis import AttachAnalysis
+
 
 @dataclass(frozen=True, slots=True)
-class Thresholds:
-    min_share_of_tail_excess: float = 0.2
-    min_tail_excess_ms: float = 50.0
+class Thresholds(WaitThresholds):
     #: A hold counts as "across an LLM call" when LLM time covers this share of the call.
     min_llm_overlap_ratio: float = 0.5
+    #: Attach captures: a finding when workers wait here for this share of their busy time (or of
+    #: their busy time plus the time connections queued for them).
+    attach_min_share: float = 0.2
 
 
 #: An inferred pool wait (no span measured it) is believed this much less than a measured one.
@@ -46,7 +60,10 @@ class DbPoolExhaustion(Rule):
     What it detects:
         The `db.pool` layer (time waiting to check a connection out of a database or cache
         pool) explains a large part of the tail: the slowest requests waited for a
-        connection far longer than the median one. When the capture shows how long each
+        connection far longer than the median one; or, tail or not, pool waits take most of
+        the median request's latency (`min_share_of_median_latency`): every request waits
+        for a connection, p99 stays close to p50 and there is no tail - the pool is the
+        latency. When the capture shows how long each
         request held its connection, it also says whether connections were held across LLM
         calls.
 
@@ -57,8 +74,10 @@ class DbPoolExhaustion(Rule):
         call that takes seconds - multiplies the hold time and exhausts even a large pool.
 
     Evidence:
-        pool wait p50/p99 and the tail excess; pool max size, peak connections in use, peak
-        waiters and mean utilisation from the pool gauges; how many requests held their
+        pool wait p50/p99 and the tail excess (when the wait dominates the median request:
+        its time there, that request's latency, the share and p99/p50); pool max size, peak
+        connections in use, peak waiters and mean utilisation from the pool gauges (each
+        reading weighted by how long it held: pools are read far more often while busy); how many requests held their
         connection across an LLM call and how much of the hold was the LLM call; example
         request ids. From traces without a pool-wait span (psycopg_pool, asyncpg) the waits
         are inferred from the gap before each request's first database span and the ceiling
@@ -83,12 +102,23 @@ class DbPoolExhaustion(Rule):
     layer = DB_POOL
     Thresholds = Thresholds
 
+    def judge_samples(self, samples: AttachAnalysis) -> Iterable[Finding]:
+        """An attach capture: workers wait in a pool's checkout (stack samples), or an asyncio
+        service's requests wait beyond a stable ceiling of DB connections (socket census)."""
+        from latprof.attach.analysis import layer_findings, wire_pool_findings
+
+        return (
+            layer_findings(self, samples, DB_POOL, min_share=self.thresholds.attach_min_share)
+            + wire_pool_findings(self, samples)
+        )
+
     def check(self, analysis: Analysis) -> Iterable[Finding]:
         t: Thresholds = self.thresholds
         stats = analysis.layer(DB_POOL)
-        if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
+        owns, dominates, judged_share = judge_wait(analysis, stats, t)
+        if not owns and not dominates:
             return
-        evidence: dict[str, object] = {**layer_evidence(stats, "pool_wait")}
+        evidence = wait_evidence(analysis, stats, "pool_wait", dominates)
         pools = sorted({str(s.attrs.get(DB_POOL_NAME)) for _, s in analysis.segments(DB_POOL) if s.attrs.get(DB_POOL_NAME)})
         if pools:
             evidence["pools"] = pools
@@ -110,7 +140,11 @@ class DbPoolExhaustion(Rule):
             f"The slowest 1% of requests waited {fmt_ms(stats.tail_excess_ms)} longer for a database connection"
             f" than the median request{size_note}"
         )
-        if inferred:
+        if not owns:
+            summary = median_summary(analysis, stats, "waits for a database connection") + size_note
+        if inferred and not owns:
+            summary = "Inferred (no span times the pool checkout): " + summary[0].lower() + summary[1:]
+        elif inferred:
             at_ceiling = inferred["share_of_wait_at_ceiling"]
             share_text = f"{at_ceiling:.0%}" if isinstance(at_ceiling, (int, float)) else "an unknown share"
             summary = (
@@ -135,11 +169,11 @@ class DbPoolExhaustion(Rule):
                 " transactions short and release connections before slow non-database work; set a checkout"
                 " timeout so overload fails fast instead of queueing."
             )
-        confidence = min(1.0, stats.share_of_tail_excess + (0.2 if "peak_in_use" in evidence else 0.0))
+        confidence = min(1.0, judged_share + (0.2 if "peak_in_use" in evidence else 0.0))
         if inferred:
             confidence *= INFERRED_CONFIDENCE
         yield self.finding(
-            severity=severity_for_share(stats.share_of_tail_excess),
+            severity=severity_for_share(judged_share) if owns else severity_for_median(analysis, stats),
             confidence=round(confidence, 4),
             impact_ms=stats.tail_excess_ms,
             summary=summary + ".",
@@ -168,7 +202,11 @@ def _inferred(analysis: Analysis) -> dict[str, object]:
 
 
 def _pool_gauges(analysis: Analysis) -> dict[str, float]:
-    """Peak size/in-use/waiters and mean utilisation from the pool gauges, where recorded."""
+    """Peak size/in-use/waiters and mean utilisation from the pool gauges, where recorded.
+
+    Mean utilisation is time-weighted (`Analysis.gauge_utilisation`): each reading counts for
+    as long as it held, since a busy pool is read far more often than an idle one.
+    """
     gauges = analysis.timeline.gauges
     out: dict[str, float] = {}
     maxima = [g.value for g in gauges.get(GAUGE_POOL_MAX, ())]
@@ -180,7 +218,7 @@ def _pool_gauges(analysis: Analysis) -> dict[str, float]:
     if in_use:
         out["peak_in_use"] = max(g.value for g in in_use)
         if maxima and max(maxima) > 0:
-            out["mean_utilisation"] = round(sum(g.value for g in in_use) / len(in_use) / max(maxima), 4)
+            out["mean_utilisation"] = round(analysis.gauge_utilisation(GAUGE_POOL_IN_USE, GAUGE_POOL_MAX), 4)
     if gauges.get(GAUGE_POOL_WAITERS):
         out["peak_waiters"] = max(g.value for g in gauges[GAUGE_POOL_WAITERS])
     return out

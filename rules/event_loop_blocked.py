@@ -5,13 +5,27 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Iterable, Sequence, TypeVar
 
 from latprof.analysis.requests import Analysis, percentile
-from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
+from latprof.collectors.attach.stacks import event_loop_thread, own_frame
+from latprof.engine import (
+    Finding,
+    Rule,
+    WaitThresholds,
+    fmt_ms,
+    judge_wait,
+    median_summary,
+    severity_for_median,
+    severity_for_share,
+    wait_evidence,
+)
 from latprof.events import Frame, Gauge, StackSample
 from latprof.layers import EVENT_LOOP
 from latprof.semconv import GAUGE_LOOP_LAG_MS
+
+if TYPE_CHECKING:
+    from latprof.attach.analysis import AttachAnalysis
 
 #: A standard-library file: what follows `lib/python3.12/`.
 _STDLIB = re.compile(r"/lib/python\d+(?:\.\d+)?/(.+)$")
@@ -19,16 +33,16 @@ _Timed = TypeVar("_Timed", Gauge, StackSample)
 
 #: How many of the hottest frames the evidence names.
 _HOT_FRAMES = 3
-#: Files whose frames mark a thread as one running an asyncio event loop.
-_LOOP_FILES = ("asyncio/base_events.py", "asyncio/runners.py", "asyncio/events.py")
 
 
 @dataclass(frozen=True, slots=True)
-class Thresholds:
-    min_share_of_tail_excess: float = 0.2
-    min_tail_excess_ms: float = 50.0
+class Thresholds(WaitThresholds):
     #: Loop-lag readings at or above this, at p99, fire the rule even without event_loop segments.
     min_lag_p99_ms: float = 100.0
+    #: Attach captures: a finding when the loop is held at least this share of the time...
+    attach_min_loop_busy_share: float = 0.5
+    #: ...or blocked in intervals of 100 ms or more adding up to this share of the time.
+    attach_min_loop_blocked_share: float = 0.1
 
 
 class EventLoopBlocked(Rule):
@@ -38,7 +52,9 @@ class EventLoopBlocked(Rule):
         The `event_loop` layer (time a request was ready to run but the asyncio event loop
         was busy with other work) explains a large part of the tail, or the loop-lag probe
         (`event_loop.lag_ms`, how late a periodic callback ran) shows a p99 lag at or above
-        `min_lag_p99_ms` even where no event_loop segments were recorded. With segments the
+        `min_lag_p99_ms` even where no event_loop segments were recorded, or, tail or not,
+        event_loop takes most of the median request's latency (`min_share_of_median_latency`):
+        every request waits for the loop. With segments the
         impact is the layer's tail excess; from the lag gauge alone it cannot be tied to
         requests, so the finding is a warning with no impact (or `info` when segments were
         recorded and show the stalls do not land on the slow requests).
@@ -51,7 +67,9 @@ class EventLoopBlocked(Rule):
         everybody's tail.
 
     Evidence:
-        event_loop p50/p99 and its tail excess and share (when segments were recorded); loop
+        event_loop p50/p99 and its tail excess and share (when segments were recorded), and
+        when it dominates the median request its time there, that request's latency, the share
+        and p99/p50; loop
         lag p99 and max from the gauge, how many readings there were and how many reached
         the threshold; when stack samples were captured, the three hottest innermost frames
         of the active samples, as "function (file)" with their share of those samples - on
@@ -79,19 +97,25 @@ class EventLoopBlocked(Rule):
     layer = EVENT_LOOP
     Thresholds = Thresholds
 
+    def judge_samples(self, samples: AttachAnalysis) -> Iterable[Finding]:
+        """An attach capture: the event loop among the workers was held (wait channels and stack samples)."""
+        from latprof.attach.analysis import loop_findings
+
+        t: Thresholds = self.thresholds
+        return loop_findings(self, samples, min_busy_share=t.attach_min_loop_busy_share,
+                             min_blocked_share=t.attach_min_loop_blocked_share)
+
     def check(self, analysis: Analysis) -> Iterable[Finding]:
         t: Thresholds = self.thresholds
         stats = analysis.layer(EVENT_LOOP)
-        owns = owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms)
+        owns, dominates, judged_share = judge_wait(analysis, stats, t)
         lag = sorted(g.value for g in _in_traffic(analysis, analysis.timeline.gauges.get(GAUGE_LOOP_LAG_MS, ())))
         lag_p99 = percentile(lag, 99) if lag else 0.0
         lagging = bool(lag) and lag_p99 >= t.min_lag_p99_ms
-        if not owns and not lagging:
+        if not owns and not dominates and not lagging:
             return
 
-        evidence: dict[str, object] = {}
-        if stats.seen:
-            evidence.update(layer_evidence(stats, "event_loop"))
+        evidence = wait_evidence(analysis, stats, "event_loop", dominates) if stats.seen else {}
         if lag:
             evidence.update(
                 lag_p99_ms=round(lag_p99, 3),
@@ -116,6 +140,12 @@ class EventLoopBlocked(Rule):
             )
             severity = severity_for_share(stats.share_of_tail_excess)
             confidence = stats.share_of_tail_excess + (0.2 if lagging else 0.0) + (0.1 if hot else 0.0)
+        elif dominates:
+            summary = median_summary(analysis, stats, "waits for a blocked event loop") + (
+                f" (loop lag p99 {fmt_ms(lag_p99)})" if lag else ""
+            )
+            severity = severity_for_median(analysis, stats)
+            confidence = judged_share + (0.2 if lagging else 0.0) + (0.1 if hot else 0.0)
         else:
             over = evidence["lag_readings_over_threshold"]
             summary = (
@@ -176,7 +206,7 @@ def _hot_frames(samples: Iterable[StackSample]) -> tuple[list[dict[str, object]]
     entries; share is of the active samples in scope, weighted by each sample's `weight`.
     """
     samples = [s for s in samples if s.frames]
-    loop_threads = {(s.pid, s.tid) for s in samples if any(f.filename.endswith(_LOOP_FILES) for f in s.frames)}
+    loop_threads = {(s.pid, s.tid) for s in samples if event_loop_thread(s.frames)}  # as attach and top tell them
     active = [s for s in samples if s.active]
     scope = "event-loop thread"
     on_loop = [s for s in active if (s.pid, s.tid) in loop_threads]
@@ -199,12 +229,8 @@ def _hot_frames(samples: Iterable[StackSample]) -> tuple[list[dict[str, object]]
 
 
 def _app_frame(frames: Sequence[Frame]) -> Frame:
-    """The innermost frame outside libraries and the standard library (the innermost one if none is)."""
-    for frame in frames:
-        path = frame.filename.replace("\\", "/")
-        if "site-packages/" not in path and "dist-packages/" not in path and not _STDLIB.search(path):
-            return frame
-    return frames[0]
+    """The service's own frame (`stacks.own_frame`, as attach names it), or the innermost one if none is."""
+    return own_frame(frames) or frames[0]
 
 
 def _label(frame: Frame) -> str:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from latprof.analysis.requests import Analysis
 from latprof.engine import (
     Finding,
     Rule,
+    WaitThresholds,
     fmt_ms,
-    layer_evidence,
-    owns_tail,
+    judge_wait,
+    median_summary,
+    severity_for_median,
     severity_for_share,
+    wait_evidence,
 )
 from latprof.layers import HTTP_POOL
 from latprof.semconv import (
@@ -25,17 +28,21 @@ from latprof.semconv import (
     SERVER_ADDRESS,
 )
 
+if TYPE_CHECKING:
+    from latprof.attach.analysis import AttachAnalysis
+
 
 #: Hosts named in the evidence, at most (the ones with the most waiting first).
 MAX_HOSTS = 5
 
 
 @dataclass(frozen=True, slots=True)
-class Thresholds:
-    min_share_of_tail_excess: float = 0.2
-    min_tail_excess_ms: float = 50.0
+class Thresholds(WaitThresholds):
     #: Waits in this many client pools or more (in one process) mean clients are not shared.
     min_pools_for_sharing_advice: int = 2
+    #: Attach captures: a finding when workers wait here for this share of their busy time (or of
+    #: their busy time plus the time connections queued for them).
+    attach_min_share: float = 0.2
 
 
 class HttpPoolExhaustion(Rule):
@@ -45,7 +52,9 @@ class HttpPoolExhaustion(Rule):
         The `http.pool` layer (time waiting for a free connection slot in an outbound HTTP
         client pool, such as httpx's `Limits(max_connections=...)`) explains a large part of
         the tail: the slowest requests queued inside their own process for a connection to
-        a tool, a service or a model API before the call was even sent. It says which hosts
+        a tool, a service or a model API before the call was even sent. Or, tail or not, pool
+        waits take most of the median request's latency (`min_share_of_median_latency`):
+        every request waits for a connection and p99 stays close to p50. It says which hosts
         the waiting calls went to, the pools' limits, and whether the waits were spread over
         several client pools.
 
@@ -61,7 +70,9 @@ class HttpPoolExhaustion(Rule):
         pool wait p50/p99 and the tail excess; the hosts that waited (most waiting first);
         the pools' `max_connections` and `max_keepalive_connections`; how many client pools
         waited; peak connections in use and peak waiters from the pool gauges, and mean
-        utilisation when there is one limit; example request ids.
+        utilisation (time-weighted) when there is one limit; when the wait dominates the
+        median request, its time there, that request's latency, the share and p99/p50;
+        example request ids.
 
     How to fix:
         Size the pool for the concurrency the service sends to that host:
@@ -85,12 +96,19 @@ class HttpPoolExhaustion(Rule):
     layer = HTTP_POOL
     Thresholds = Thresholds
 
+    def judge_samples(self, samples: AttachAnalysis) -> Iterable[Finding]:
+        """An attach capture: workers wait for a connection of an HTTP client pool (stack samples)."""
+        from latprof.attach.analysis import layer_findings
+
+        return layer_findings(self, samples, HTTP_POOL, min_share=self.thresholds.attach_min_share)
+
     def check(self, analysis: Analysis) -> Iterable[Finding]:
         t: Thresholds = self.thresholds
         stats = analysis.layer(HTTP_POOL)
-        if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
+        owns, dominates, judged_share = judge_wait(analysis, stats, t)
+        if not owns and not dominates:
             return
-        evidence: dict[str, object] = {**layer_evidence(stats, "pool_wait")}
+        evidence = wait_evidence(analysis, stats, "pool_wait", dominates)
         waited_ns: dict[str, int] = {}
         pools: set[tuple[int, str]] = set()
         limits: set[int] = set()
@@ -130,6 +148,12 @@ class HttpPoolExhaustion(Rule):
             f"The slowest 1% of requests waited {fmt_ms(stats.tail_excess_ms)} longer for a free HTTP connection{to_hosts}"
             f" than the median request" + (f" ({', '.join(details)})" if details else "") + "."
         )
+        if not owns:
+            summary = (
+                median_summary(analysis, stats, f"waits for a free HTTP connection{to_hosts}")
+                + (f" ({', '.join(details)})" if details else "")
+                + "."
+            )
         if len(pools) >= t.min_pools_for_sharing_advice:
             limit = f" of max_connections={min(limits)}" if limits else ""
             summary = summary[:-1] + f"; the waits were spread over {len(pools)} client pools."
@@ -151,8 +175,8 @@ class HttpPoolExhaustion(Rule):
                 " do not create a client per request to dodge the limit (a new connection per call)."
             )
         yield self.finding(
-            severity=severity_for_share(stats.share_of_tail_excess),
-            confidence=min(1.0, stats.share_of_tail_excess + (0.2 if "peak_waiters" in evidence else 0.0)),
+            severity=severity_for_share(judged_share) if owns else severity_for_median(analysis, stats),
+            confidence=min(1.0, judged_share + (0.2 if "peak_waiters" in evidence else 0.0)),
             impact_ms=stats.tail_excess_ms,
             summary=summary,
             evidence=evidence,
@@ -170,7 +194,7 @@ def _pool_gauges(analysis: Analysis) -> dict[str, float]:
     if in_use:
         out["peak_in_use"] = max(g.value for g in in_use)
         if len(maxima) == 1 and max(maxima) > 0:
-            out["mean_utilisation"] = round(sum(g.value for g in in_use) / len(in_use) / max(maxima), 4)
+            out["mean_utilisation"] = round(analysis.gauge_utilisation(GAUGE_HTTP_POOL_IN_USE, GAUGE_HTTP_POOL_MAX), 4)
     if gauges.get(GAUGE_HTTP_POOL_WAITERS):
         out["peak_waiters"] = max(g.value for g in gauges[GAUGE_HTTP_POOL_WAITERS])
     return out

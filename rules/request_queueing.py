@@ -5,13 +5,26 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from latprof.analysis.requests import Analysis
-from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
+from latprof.engine import (
+    Finding,
+    Rule,
+    WaitThresholds,
+    fmt_ms,
+    judge_wait,
+    median_summary,
+    severity_for_median,
+    severity_for_share,
+    wait_evidence,
+)
 from latprof.analysis.inference import INFERRED, INFERRED_CONCURRENCY, INFERRED_FROM, INFERRED_SERVICE
 from latprof.layers import QUEUE
 from latprof.semconv import GAUGE_ACCEPT_QUEUE, QUEUE_SOURCE
+
+if TYPE_CHECKING:
+    from latprof.attach.analysis import AttachAnalysis
 
 #: Where-it-queued values the collectors write (`latprof.queue.source`), in the user's words.
 _SOURCE_PHRASES = {
@@ -45,9 +58,10 @@ INFERRED_CONFIDENCE = 0.6
 
 
 @dataclass(frozen=True, slots=True)
-class Thresholds:
-    min_share_of_tail_excess: float = 0.2
-    min_tail_excess_ms: float = 50.0
+class Thresholds(WaitThresholds):
+    #: Attach captures: a finding when connections queue in the accept backlog for this share of
+    #: busy worker time plus queue time.
+    attach_min_share: float = 0.2
 
 
 class RequestQueueing(Rule):
@@ -57,7 +71,9 @@ class RequestQueueing(Rule):
         The `queue` layer (time between a request's arrival at the socket and the moment a
         worker, thread or handler started on it: accept backlog, worker thread pool,
         concurrency limiter) explains a large part of the tail: the slowest requests waited
-        far longer for a worker than the median one.
+        far longer for a worker than the median one. Or, tail or not, queueing takes most of
+        the median request's latency (`min_share_of_median_latency`): every request waits
+        for a worker, p99 stays close to p50 and there is no tail.
 
     Why it matters for p99:
         Workers are a pool like any other. When every worker is busy - usually because each
@@ -69,9 +85,11 @@ class RequestQueueing(Rule):
     Evidence:
         queue time p50/p99 and its tail excess and share; where requests queued (the
         `latprof.queue.source` of the queue segments, counted: backlog, threadpool,
-        limiter, header, executor); peak and mean accept-queue depth from the `accept.queue_depth`
-        gauge when it was recorded; the most requests in flight at once (arrived and not yet
-        answered, queued or served), from the request intervals; example request ids. From
+        limiter, header, executor); peak and mean (time-weighted) accept-queue depth from the
+        `accept.queue_depth` gauge when it was recorded; when queueing dominates the median
+        request, its time there, that request's latency, the share and p99/p50; the most
+        requests in flight at once (arrived and not yet answered, queued or served), from the
+        request intervals; example request ids. From
         traces, a queue in front of a called service is inferred when that service ran at a
         fixed concurrency with its spans back to back (`inferred: true`, lower confidence).
 
@@ -94,12 +112,19 @@ class RequestQueueing(Rule):
     layer = QUEUE
     Thresholds = Thresholds
 
+    def judge_samples(self, samples: AttachAnalysis) -> Iterable[Finding]:
+        """An attach capture: connections wait in the accept backlog for a free worker (/proc gauges)."""
+        from latprof.attach.analysis import layer_findings
+
+        return layer_findings(self, samples, QUEUE, min_share=self.thresholds.attach_min_share)
+
     def check(self, analysis: Analysis) -> Iterable[Finding]:
         t: Thresholds = self.thresholds
         stats = analysis.layer(QUEUE)
-        if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
+        owns, dominates, judged_share = judge_wait(analysis, stats, t)
+        if not owns and not dominates:
             return
-        evidence: dict[str, object] = {**layer_evidence(stats, "queue")}
+        evidence = wait_evidence(analysis, stats, "queue", dominates)
         sources = Counter(
             str(s.attrs[QUEUE_SOURCE]) for _, s in analysis.segments(QUEUE) if s.attrs.get(QUEUE_SOURCE)
         )
@@ -110,7 +135,9 @@ class RequestQueueing(Rule):
         depth = [g.value for g in analysis.timeline.gauges.get(GAUGE_ACCEPT_QUEUE, ())]
         if depth:
             evidence["peak_accept_queue"] = max(depth)
-            evidence["mean_accept_queue"] = round(sum(depth) / len(depth), 3)
+            # time-weighted per socket, then averaged over the sockets read
+            means = analysis.gauge_means(GAUGE_ACCEPT_QUEUE)
+            evidence["mean_accept_queue"] = round(sum(means.values()) / len(means), 3) if means else 0.0
         evidence["peak_in_flight"] = _peak_in_flight(analysis)
         evidence["example_request_ids"] = analysis.example_request_ids(QUEUE)
         inferred = [s for _, s in analysis.segments(QUEUE) if s.attrs.get(INFERRED)]
@@ -134,6 +161,12 @@ class RequestQueueing(Rule):
             + (f", accept queue up to {evidence['peak_accept_queue']:g}" if depth else "")
             + f", up to {evidence['peak_in_flight']} requests in flight)."
         )
+        if not owns:
+            summary = (
+                median_summary(analysis, stats, "waits for a worker before its handler starts")
+                + (f", mostly in {where}" if where else "")
+                + f" (up to {evidence['peak_in_flight']} requests in flight): the service runs at its concurrency limit."
+            )
         fix = (
             (_SOURCE_FIXES.get(top_source, "") + " " if top_source in _SOURCE_FIXES else "")
             + "Add workers/threads (or processes) for the concurrency you serve; if workers mostly wait on"
@@ -141,14 +174,14 @@ class RequestQueueing(Rule):
             " upstream instead of letting the backlog grow; autoscale on queue depth or requests in flight,"
             " not CPU."
         )
-        confidence = min(1.0, stats.share_of_tail_excess + (0.2 if depth or ranked else 0.0))
+        confidence = min(1.0, judged_share + (0.2 if depth or ranked else 0.0))
         if inferred:
             confidence *= INFERRED_CONFIDENCE
             summary = "Inferred (no span times the wait): " + summary[0].lower() + summary[1:]
             services = ", ".join(evidence["services_at_fixed_concurrency"])  # type: ignore[arg-type]
             summary = summary[:-1] + f"; {services} ran at a fixed concurrency, its spans back to back."
         yield self.finding(
-            severity=severity_for_share(stats.share_of_tail_excess),
+            severity=severity_for_share(judged_share) if owns else severity_for_median(analysis, stats),
             confidence=round(confidence, 4),
             impact_ms=stats.tail_excess_ms,
             summary=summary,

@@ -4,21 +4,35 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from latprof.analysis.requests import Analysis
-from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
+from latprof.engine import (
+    Finding,
+    Rule,
+    WaitThresholds,
+    fmt_ms,
+    judge_wait,
+    median_summary,
+    severity_for_median,
+    severity_for_share,
+    wait_evidence,
+)
 from latprof.layers import RETRY
 from latprof.semconv import HTTP_STATUS_CODE, RETRY_AFTER_ERROR, RETRY_AFTER_STATUS, RETRY_LIBRARY
+
+if TYPE_CHECKING:
+    from latprof.attach.analysis import AttachAnalysis
 
 #: The openai hook's name for the client's own backoff sleeps.
 _SDK_RETRY_NAMES = ("openai retry",)
 
 
 @dataclass(frozen=True, slots=True)
-class Thresholds:
-    min_share_of_tail_excess: float = 0.2
-    min_tail_excess_ms: float = 50.0
+class Thresholds(WaitThresholds):
+    #: Attach captures: a finding when workers wait here for this share of their busy time (or of
+    #: their busy time plus the time connections queued for them).
+    attach_min_share: float = 0.2
 
 
 def _cause(attrs: dict[str, object]) -> str:
@@ -36,7 +50,9 @@ class RetryBackoff(Rule):
     What it detects:
         The `retry` layer (sleeps between a failed attempt - HTTP 429, 5xx, a timeout - and
         the next attempt at the same target: the openai client's own backoff, tenacity,
-        backoff, urllib3, and hand-written retry loops) explains a large part of the tail.
+        backoff, urllib3, and hand-written retry loops) explains a large part of the tail. Or,
+        tail or not, retry sleeps take most of the median request's latency
+        (`min_share_of_median_latency`): every request fails and sleeps at least once.
 
     Why it matters for p99:
         A retried request pays the failed attempt, the backoff and the next attempt: with
@@ -47,7 +63,9 @@ class RetryBackoff(Rule):
     Evidence:
         retry sleep p50/p99 and its tail excess and share; what the sleeps followed (status
         codes and error types, counted); who slept (the SDK's own retries, a retry library,
-        a hand-written loop); retries per tail request; example request ids.
+        a hand-written loop); retries per tail request; when the sleeps dominate the median
+        request, their time there, that request's latency, the share and p99/p50; example
+        request ids.
 
     How to fix:
         For 429s: raise the rate limit (a higher tier, provisioned throughput), spread load
@@ -67,10 +85,17 @@ class RetryBackoff(Rule):
     layer = RETRY
     Thresholds = Thresholds
 
+    def judge_samples(self, samples: AttachAnalysis) -> Iterable[Finding]:
+        """An attach capture: workers sleep in retry backoff (stack samples)."""
+        from latprof.attach.analysis import layer_findings
+
+        return layer_findings(self, samples, RETRY, min_share=self.thresholds.attach_min_share)
+
     def check(self, analysis: Analysis) -> Iterable[Finding]:
         t: Thresholds = self.thresholds
         stats = analysis.layer(RETRY)
-        if not owns_tail(analysis, stats, min_share=t.min_share_of_tail_excess, min_excess_ms=t.min_tail_excess_ms):
+        owns, dominates, judged_share = judge_wait(analysis, stats, t)
+        if not owns and not dominates:
             return
         causes: Counter[str] = Counter()
         sources: Counter[str] = Counter()
@@ -88,7 +113,7 @@ class RetryBackoff(Rule):
                 sources["hand-written loop"] += w
             if i in tail:
                 tail_retries += 1
-        evidence: dict[str, object] = {**layer_evidence(stats, "retry")}
+        evidence = wait_evidence(analysis, stats, "retry", dominates)
         evidence["after"] = dict(sorted(causes.items(), key=lambda kv: (-kv[1], kv[0])))
         evidence["retried_by"] = dict(sorted(sources.items(), key=lambda kv: (-kv[1], kv[0])))
         distinct_tail = len(tail) or 1
@@ -100,6 +125,8 @@ class RetryBackoff(Rule):
             f"The slowest 1% of requests slept {fmt_ms(stats.tail_excess_ms)} longer in retry backoff than the median"
             f" request, mostly after {what} (retry sleep p99 {fmt_ms(stats.p99_ms)})."
         )
+        if not owns:
+            summary = median_summary(analysis, stats, "sleeps in retry backoff") + f", mostly after {what}."
         if top_cause == "429":
             fix = (
                 "Stop hitting the rate limit rather than sleeping on it: raise the limit (a higher tier, provisioned"
@@ -114,8 +141,8 @@ class RetryBackoff(Rule):
                 " attempts and total retry time per request."
             )
         yield self.finding(
-            severity=severity_for_share(stats.share_of_tail_excess),
-            confidence=stats.share_of_tail_excess + (0.2 if causes else 0.0),
+            severity=severity_for_share(judged_share) if owns else severity_for_median(analysis, stats),
+            confidence=judged_share + (0.2 if causes else 0.0),
             impact_ms=stats.tail_excess_ms,
             summary=summary,
             evidence=evidence,

@@ -30,9 +30,12 @@ httpcore2); any other HTTP read is `tool`.
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from latprof.events import Frame as EventFrame, StackSample
 from latprof.layers import APP, DB_POOL, DB_QUERY, HTTP_POOL, LOCK, PROVIDER, RETRY, TOOL
 
 #: `Classification.state` of a thread waiting for work (not a layer).
@@ -194,8 +197,54 @@ def has_frame(frames: Iterable[Any], wanted: Iterable[tuple[str, str]]) -> bool:
 
 
 def event_loop_thread(frames: Iterable[Any]) -> bool:
-    """Whether a capture stack is an event loop's thread: whatever runs on top of it holds the loop."""
+    """Whether a capture stack is an event loop's thread: whatever runs on top of it holds the loop.
+
+    The one definition: `latprof attach`, `latprof top` and the event-loop-blocked rule use it."""
     return has_frame(frames, LOOP_FRAMES)
+
+
+#: Top-level packages that are libraries, not the service (besides the standard library): what
+#: tells a library's relative file name (py-spy's `short_filename`) from the service's own.
+LIBRARIES = frozenset({
+    "sqlalchemy", "psycopg", "psycopg2", "psycopg_pool", "asyncpg", "redis", "httpx", "httpx2", "httpcore",
+    "httpcore2", "h11", "anyio", "openai", "anthropic", "gunicorn", "flask", "werkzeug", "starlette", "fastapi",
+    "uvicorn", "aiohttp", "tenacity", "backoff", "urllib3", "requests", "pydantic", "jinja2", "click", "latprof",
+})
+#: The standard library's folder in an absolute file name (`/usr/lib/python3.12/`).
+_STDLIB_PATH = re.compile(r"/lib/python\d+(?:\.\d+)?/")
+
+
+def library_file(filename: str) -> bool:
+    """Whether a frame's file is a library's or the standard library's, not the service's own code.
+
+    `<frozen ...>` and `<string>` are; an absolute file name is when it is under site-packages or
+    dist-packages or in the standard library's folder; a relative one (py-spy names library files
+    relative to site-packages or the standard library) when its top-level package is a known
+    library (`LIBRARIES`) or a standard-library module.
+    """
+    path = filename.replace("\\", "/")
+    if path.startswith("<") or "site-packages/" in path or "dist-packages/" in path or _STDLIB_PATH.search(path):
+        return True
+    if path.startswith("/") or path[1:3] == ":/":
+        return False
+    top = path.split("/", 1)[0].removesuffix(".py")
+    return top in LIBRARIES or top in sys.stdlib_module_names
+
+
+def own_frame(frames: Iterable[EventFrame]) -> EventFrame | None:
+    """The service's own frame: the innermost frame of a capture stack outside libraries and the
+    standard library (`library_file`), or None. The one definition: `latprof attach` (hot frames)
+    and the event-loop-blocked rule (where a finding points) use it."""
+    return next((f for f in frames if not library_file(f.filename)), None)
+
+
+def classify_sample(sample: StackSample, *, extra: Sequence[Signature] = ()) -> Classification:
+    """What a capture's stack sample says: its frames by `classify`, with its wait channel and
+    whether it was running (`active`: py-spy's flag, or the wait channel "0"). The one classifier
+    of stack samples: what `latprof attach` writes (`latprof.attach.session.classify_window`),
+    `latprof top` shows and the analysis of an attach capture reads are classified by it, alike."""
+    frames = [Frame(f.function, f.filename) for f in sample.frames]
+    return classify(frames, wchan=sample.wchan, active=sample.active, extra=extra)
 
 
 def frames_from_pyspy(thread: Mapping[str, Any]) -> list[Frame]:

@@ -17,7 +17,7 @@ from latprof.analysis.genai import UnstreamedSplitter, decode_ms_per_token, is_u
 from latprof.layers import APP, LAYERS, MODEL, UNATTRIBUTED, effective_layer
 from latprof.analysis.retries import classify_sleeps, is_pending_sleep
 from latprof.semconv import SAMPLE_WEIGHT
-from latprof.analysis.timeline import RequestTimeline, Timeline
+from latprof.analysis.timeline import RequestTimeline, Timeline, gauge_instances, time_weighted_mean
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -26,6 +26,10 @@ NS_PER_S = 1_000_000_000
 MIN_REQUESTS_FOR_VERDICT = 50
 #: A tail is worth explaining when p99 is at least this many times p50 (report-v1).
 TAIL_RATIO = 2.0
+#: ... and when the slowest 1% take at least this much longer than the median request, on
+#: average (`[tool.latprof] min_tail_excess_ms`): below it, a fast healthy service's verdict
+#: would flip between runs on noise. The smallest excess a built-in rule acts on (lock-contention).
+DEFAULT_MIN_TAIL_EXCESS_MS = 20.0
 DEFAULT_WARMUP_S = 2.0
 #: A sample weight above this is not believed (the request counts once).
 MAX_SAMPLE_WEIGHT = 1_000_000
@@ -572,9 +576,66 @@ class Analysis:
     #: cohorts and layer statistics above are weighted already; a rule that counts requests
     #: itself weighs them with `weight(i)`.
     weights: list[int] | None = None
+    #: The tail excess (`tail_excess_ms`) below which there is no tail worth explaining.
+    min_tail_excess_ms: float = DEFAULT_MIN_TAIL_EXCESS_MS
 
     def layer(self, name: str) -> LayerStats:
         return self.layers[name]
+
+    def _cohort_mean_ms(self, which: str) -> float:
+        idx = getattr(self.groups, which)
+        return sum(self.latencies_ms[i] for i in idx) / len(idx) if idx else 0.0
+
+    @property
+    def tail_excess_ms(self) -> float:
+        """How much longer the slowest 1% took than the median cohort, on average (the sum of
+        every layer's `tail_excess_ms`)."""
+        return self._cohort_mean_ms("tail") - self._cohort_mean_ms("median")
+
+    @property
+    def median_latency_ms(self) -> float:
+        """The mean latency of the median cohort (p40-p60): the typical request, which every
+        layer's `median_mean_ms` adds up to."""
+        return self._cohort_mean_ms("median")
+
+    def share_of_median(self, layer: str) -> float:
+        """The share of the typical request's latency spent in `layer` (0 without requests)."""
+        total = self.median_latency_ms
+        return self.layers[layer].median_mean_ms / total if total > 0 else 0.0
+
+    @property
+    def window_ns(self) -> tuple[int, int] | None:
+        """From the first analysed request's arrival to the last one's response; None without requests."""
+        if not self.requests:
+            return None
+        return min(rt.request.start_ns for rt in self.requests), max(rt.request.end_ns for rt in self.requests)
+
+    def gauge_means(self, name: str) -> dict[tuple[int, str], float]:
+        """The time-weighted mean of each instance (process and attributes, `timeline.gauge_instances`)
+        of gauge `name` over the analysed window (`timeline.time_weighted_mean`): a reading counts
+        for as long as it held, not once per reading, since collectors read a busy pool far more
+        often than an idle one. Without requests, over the readings' own span."""
+        readings = self.timeline.gauges.get(name, ())
+        if not readings:
+            return {}
+        window = self.window_ns or (min(g.ts_ns for g in readings), max(g.ts_ns for g in readings))
+        out: dict[tuple[int, str], float] = {}
+        for key, series in gauge_instances(readings).items():
+            mean = time_weighted_mean(series, *window)
+            if mean is not None:
+                out[key] = mean
+        return out
+
+    def gauge_utilisation(self, in_use: str, limit: str) -> float:
+        """Time-weighted use of a pool: the mean of gauge `in_use` of each instance (`gauge_means`),
+        summed, over the most of gauge `limit` each allowed, summed (an instance without a
+        `limit` reading counts with the largest one seen); 0 without limits."""
+        means = self.gauge_means(in_use)
+        instances = gauge_instances(self.timeline.gauges.get(limit, ()))
+        limits = {key: max(g.value for g in series) for key, series in instances.items()}
+        largest = max(limits.values(), default=0.0)
+        capacity = sum(limits.get(key, largest) for key in means)
+        return sum(means.values()) / capacity if capacity > 0 else 0.0
 
     def weight(self, i: int) -> int:
         """How many requests the analysed request `i` stands for (1 unless it was sampled)."""
@@ -598,10 +659,21 @@ class Analysis:
         return [self.requests[i].request.request_id for i in ranked]
 
     @property
+    def enough_for_verdict(self) -> bool:
+        """At least `MIN_REQUESTS_FOR_VERDICT` requests (counting what sampled ones stand for) were analysed."""
+        return self.latency is not None and self.latency.count >= MIN_REQUESTS_FOR_VERDICT
+
+    @property
     def has_tail(self) -> bool:
-        """True when there is a tail worth explaining (report-v1 verdict rules)."""
+        """True when there is a tail worth explaining (report-v1 verdict rules): enough requests,
+        p99 at least `TAIL_RATIO` x p50, and a tail excess of at least `min_tail_excess_ms`."""
         lat = self.latency
-        return bool(lat and lat.count >= MIN_REQUESTS_FOR_VERDICT and lat.p99_ms >= TAIL_RATIO * lat.p50_ms)
+        return bool(
+            lat
+            and self.enough_for_verdict
+            and lat.p99_ms >= TAIL_RATIO * lat.p50_ms
+            and self.tail_excess_ms >= self.min_tail_excess_ms
+        )
 
     def cohort(self, which: str) -> list[RequestTimeline]:
         """The requests of cohort `median`, `tail` or `tail5`."""
@@ -622,8 +694,10 @@ class Analysis:
         return found
 
 
-def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analysis:
-    """Run every analysis step over a timeline."""
+def analyze(
+    timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S, min_tail_excess_ms: float = DEFAULT_MIN_TAIL_EXCESS_MS
+) -> Analysis:
+    """Run every analysis step over a timeline; `min_tail_excess_ms` is the smallest tail worth explaining."""
     kept, skipped = skip_warmup(timeline.requests, warmup_s)
     # One pass over every segment, while each request's segments are in cache: the layer
     # times on the critical path, and the index by layer that rules read. Requests with a
@@ -685,6 +759,7 @@ def analyze(timeline: Timeline, *, warmup_s: float = DEFAULT_WARMUP_S) -> Analys
         warnings=list(timeline.warnings) + sampled + split_warnings,
         by_layer=by_layer,
         weights=weights,
+        min_tail_excess_ms=min_tail_excess_ms,
     )
 
 

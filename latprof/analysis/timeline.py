@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 from latprof.capture.reader import CaptureData
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
@@ -107,6 +107,38 @@ def build_timeline(data: CaptureData) -> Timeline:
         orphan_segments=orphans,
         warnings=warnings,
     )
+
+
+def gauge_instances(readings: Iterable[Gauge]) -> dict[tuple[int, str], list[Gauge]]:
+    """The readings of one gauge split by what they measure: the process and the attributes
+    (a pool's name, a port), in the order given (time order in a timeline)."""
+    out: dict[tuple[int, str], list[Gauge]] = {}
+    for reading in readings:
+        what = ",".join(f"{k}={v}" for k, v in sorted(reading.attrs.items())) if reading.attrs else ""
+        key = (reading.pid, what)
+        out.setdefault(key, []).append(reading)
+    return out
+
+
+def time_weighted_mean(series: Sequence[Gauge], start_ns: int, end_ns: int) -> float | None:
+    """The mean of one instance's readings (in time order) over [start_ns, end_ns), each
+    weighted by how long it held: from its time until the next reading, the last one until
+    `end_ns`. A reading before `start_ns` holds from `start_ns`; time before the first reading
+    is not known and not counted. When no reading holds for any time in the window (all of
+    them at or after its end), the plain mean of the readings."""
+    if not series:
+        return None
+    total_ns = 0
+    weighted = 0.0
+    for reading, following in zip(series, [*series[1:], None]):
+        begin = max(reading.ts_ns, start_ns)
+        until = min(end_ns, following.ts_ns if following is not None else end_ns)
+        if until > begin:
+            total_ns += until - begin
+            weighted += reading.value * (until - begin)
+    if total_ns <= 0:
+        return sum(g.value for g in series) / len(series)
+    return weighted / total_ns
 
 
 def _summarize_quality(records: list[QualityRecord]) -> list[str]:

@@ -21,21 +21,36 @@ Sampling from outside sees no requests, so:
   stood in at least `MIN_BACKLOG_SECONDS_SHARE` of the seconds: then `queue` (a backlog), or
   `app` (workers mostly running Python), or `unattributed` (the cause is not visible from
   outside). Workers waiting on the provider or on tools are doing their job: reported, never
-  blamed. Not saturated: no verdict, and the summary says where busy time goes.
+  blamed. Not saturated: no verdict, and the summary says where busy time goes. The verdict is
+  measured; the findings only name its rule.
+- **Findings** come from the rules (`latprof.engine.Rule.judge_samples`, run by
+  `latprof.engine.run_rules` with the config's thresholds): this module gives them what the
+  samples say of a layer (`layer_findings`), of a held loop (`loop_findings`) and of a pool the
+  socket census infers (`wire_pool_findings`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
-from latprof.engine import Finding, fingerprint, parse_doc_sections
+from latprof.engine import Finding, Rule, run_rules
 from latprof.events import StackSample
-from latprof.attach.wire import HELD_MS, Backends, LoopState, WireState, backends, loop_state, wire_state
+from latprof.attach.wire import (
+    HELD_MS,
+    LOOP_BLOCKED_SHARE,
+    LOOP_SATURATED_SHARE,
+    Backends,
+    LoopState,
+    WireState,
+    backends,
+    loop_state,
+    wire_state,
+)
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
 from latprof.report.model import LayerRow, Report, Verdict, WindowRow
-from latprof.collectors.attach.stacks import BUSY, IDLE, Classification, Frame, classify, event_loop_thread, has_frame
+from latprof.collectors.attach.stacks import BUSY, IDLE, Classification, classify_sample, event_loop_thread, has_frame, own_frame
 from latprof.analysis.timeline import Timeline
 
 #: Workers idle less than this share of their samples are all busy.
@@ -67,15 +82,6 @@ HANDOFF = frozenset({"future.result", "future.wait"})
 HOUSEKEEPING_LOOPS = (("gunicorn/ctl/server.py", "_run_loop"),)
 #: How an event loop thread waits for events (stock asyncio's selector, uvloop's native epoll).
 LOOP_IDLE = frozenset({"asyncio.select", "wchan.epoll"})
-
-#: The rule whose id and fix a finding of each layer carries.
-_RULES = {
-    DB_POOL: "db-pool-exhaustion",
-    HTTP_POOL: "http-pool-exhaustion",
-    LOCK: "lock-contention",
-    QUEUE: "request-queueing",
-    RETRY: "retry-backoff",
-}
 
 
 @dataclass
@@ -135,36 +141,10 @@ def _serving(frames: Iterable[Any]) -> bool:
     return has_frame(frames, SERVING_FRAMES)
 
 
-def _classified(sample: StackSample) -> Classification:
-    frames = [Frame(f.function, f.filename) for f in sample.frames]
-    return classify(frames, wchan=sample.wchan, active=sample.active if sample.wchan is None else None)
-
-
-#: Top-level packages that are libraries, not the service (besides the standard library).
-LIBRARIES = frozenset({
-    "sqlalchemy", "psycopg", "psycopg2", "psycopg_pool", "asyncpg", "redis", "httpx", "httpx2", "httpcore",
-    "httpcore2", "h11", "anyio", "openai", "anthropic", "gunicorn", "flask", "werkzeug", "starlette", "fastapi",
-    "uvicorn", "aiohttp", "tenacity", "backoff", "urllib3", "requests", "pydantic", "jinja2", "click", "latprof",
-})
-
-
-def _library(filename: str) -> bool:
-    import sys
-
-    top = filename.lstrip("/").split("/", 1)[0].removesuffix(".py")
-    if "site-packages/" in filename or "dist-packages/" in filename:
-        top = filename.split("-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
-    elif filename.startswith("/"):
-        return "/lib/python" in filename and "-packages/" not in filename  # the standard library by path
-    return top in LIBRARIES or top in sys.stdlib_module_names or top.startswith("<")
-
-
 def _app_frame(sample: StackSample) -> str:
-    """The innermost frame of the service's own code (not a library's), where it was."""
-    for f in sample.frames:
-        if not _library(f.filename):
-            return f"{f.function} ({f.filename})"
-    return f"{sample.frames[0].function} ({sample.frames[0].filename})" if sample.frames else "?"
+    """Where the service's own code was (`stacks.own_frame`), as "function (file)"; the innermost frame when none is."""
+    frame = own_frame(sample.frames) or (sample.frames[0] if sample.frames else None)
+    return f"{frame.function} ({frame.filename})" if frame is not None else "?"
 
 
 def analyze_attach(timeline: Timeline) -> AttachAnalysis:
@@ -173,7 +153,7 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
     samples = timeline.samples
     by_thread: dict[tuple[int, int], list[tuple[StackSample, Classification]]] = {}
     for s in samples:
-        by_thread.setdefault((s.pid, s.tid), []).append((s, _classified(s)))
+        by_thread.setdefault((s.pid, s.tid), []).append((s, classify_sample(s)))
     # The server's workers: seen serving a request, or idle the way a server's worker waits.
     workers = {
         key for key, seen in by_thread.items()
@@ -303,13 +283,9 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
     return aa
 
 
-def _fix(rule_id: str) -> str:
-    from latprof.engine import discover_rules
-
-    for cls in discover_rules():
-        if cls.id == rule_id:
-            return " ".join(parse_doc_sections(cls.__doc__ or "").get("How to fix", "").split())
-    return ""
+def fix_of(rule: Rule) -> str:
+    """A rule's "How to fix" section on one line: the fix of its attach findings."""
+    return " ".join(type(rule).docs().get("How to fix", "").split())
 
 
 def _per_second_ms(aa: AttachAnalysis, layer: str) -> float:
@@ -317,65 +293,69 @@ def _per_second_ms(aa: AttachAnalysis, layer: str) -> float:
     return aa._time(layer) / aa.seconds * 1000 if aa.seconds else 0.0
 
 
-def attach_findings(aa: AttachAnalysis) -> list[Finding]:
-    """Attach mode's findings: impact_ms is the layer's time per second of the capture."""
-    findings = []
-    # an asyncio server's layers are request time on the wire: its findings are the loop's and the census's
-    for layer in () if aa.asyncio else (*_RULES, APP):
-        share = aa.share(layer)
-        if share < MIN_VERDICT_SHARE and (layer == QUEUE or busy_share(aa, layer) < MIN_VERDICT_SHARE):
-            continue
-        rule_id = _RULES.get(layer, "cpu-bound")
-        evidence: dict[str, Any] = {
-            "share_of_busy_and_queue_time": round(share, 4),
-            "workers": aa.workers,
-            "idle_share": None if aa.idle_share is None else round(aa.idle_share, 4),
-        }
-        if layer != QUEUE:
-            evidence.update({
-                "share_of_busy_time": round(busy_share(aa, layer), 4),
-                "samples": round(aa.busy_s.get(layer, 0.0) * aa.rate_hz),
-                "signatures": dict(aa.signatures.get(layer, Counter()).most_common(5)),
-                "hot_frames": dict(aa.hot_frames.get(layer, Counter()).most_common(3)),
-                "source": "stack samples",
-            })  # fmt: skip
-        if layer == QUEUE:
-            evidence.update(aa.backlog)
-            evidence["seconds_with_backlog_share"] = round(aa.backlog_seconds_share, 3)
-        if layer in (DB_POOL, HTTP_POOL) and aa.connections:
-            evidence["connections_established_peak"] = dict(aa.connections)
-        what = {
-            DB_POOL: "waiting to check a database connection out of a pool",
-            HTTP_POOL: "waiting for a free connection of an HTTP client pool",
-            LOCK: "blocked on locks",
-            QUEUE: "queued in the accept backlog before any worker took them",
-            RETRY: "sleeping in retry backoff",
-            APP: "running the service's own Python code on the CPU",
-        }[layer]
-        summary = f"{share:.0%} of busy worker time plus queue time was spent {what}"
-        if layer == QUEUE and "mean_backlog_wait_ms" in aa.backlog:
-            summary += f" (mean accept queue {aa.backlog['mean_accept_queue']:g}, about {aa.backlog['mean_backlog_wait_ms']:g} ms per connection)"
-        top = aa.hot_frames.get(layer)
-        if top and layer != QUEUE:
-            summary += f"; mostly at {top.most_common(1)[0][0]}"
-        fix = _fix(rule_id) if layer != APP else (
-            "Find the hot code in the evidence's frames and make it cheaper, move CPU-heavy work off the request"
-            " path (a task queue, a process pool), or add worker processes: threads share one GIL."
-        )
-        findings.append(Finding(
-            rule_id, layer, "critical" if share >= 0.5 else "warning", round(min(1.0, share * 2), 3),
-            round(_per_second_ms(aa, layer), 1), summary + ".", evidence, fix, fingerprint(rule_id, layer, "attach"),
-        ))  # fmt: skip
-    findings += _loop_findings(aa) + _wire_findings(aa)
-    findings.sort(key=lambda f: -f.impact_ms)
-    return findings
+#: What workers were doing in each layer the stack samples of a threaded server name in a finding.
+_DOING = {
+    DB_POOL: "waiting to check a database connection out of a pool",
+    HTTP_POOL: "waiting for a free connection of an HTTP client pool",
+    LOCK: "blocked on locks",
+    QUEUE: "queued in the accept backlog before any worker took them",
+    RETRY: "sleeping in retry backoff",
+    APP: "running the service's own Python code on the CPU",
+}
 
 
-def _loop_findings(aa: AttachAnalysis) -> list[Finding]:
-    """A held event loop: its busy share, blocked intervals and the stacks that held it."""
-    loop = aa.loop
-    if loop is None or not loop.held:
+def layer_findings(rule: Rule, aa: AttachAnalysis, layer: str, *, min_share: float) -> list[Finding]:
+    """A threaded server's workers spending at least `min_share` of their busy time in `layer`
+    (or of busy plus queue time; for `queue`, only that): `rule`'s finding, whose impact_ms is
+    the layer's time per second of the capture. An asyncio server's layers are request time on
+    the wire: its findings are the loop's (`loop_findings`) and the census's (`wire_pool_findings`)."""
+    if aa.asyncio:
         return []
+    share = aa.share(layer)
+    if share < min_share and (layer == QUEUE or busy_share(aa, layer) < min_share):
+        return []
+    evidence: dict[str, Any] = {
+        "share_of_busy_and_queue_time": round(share, 4),
+        "workers": aa.workers,
+        "idle_share": None if aa.idle_share is None else round(aa.idle_share, 4),
+    }
+    if layer != QUEUE:
+        evidence.update({
+            "share_of_busy_time": round(busy_share(aa, layer), 4),
+            "samples": round(aa.busy_s.get(layer, 0.0) * aa.rate_hz),
+            "signatures": dict(aa.signatures.get(layer, Counter()).most_common(5)),
+            "hot_frames": dict(aa.hot_frames.get(layer, Counter()).most_common(3)),
+            "source": "stack samples",
+        })  # fmt: skip
+    if layer == QUEUE:
+        evidence.update(aa.backlog)
+        evidence["seconds_with_backlog_share"] = round(aa.backlog_seconds_share, 3)
+    if layer in (DB_POOL, HTTP_POOL) and aa.connections:
+        evidence["connections_established_peak"] = dict(aa.connections)
+    summary = f"{share:.0%} of busy worker time plus queue time was spent {_DOING[layer]}"
+    if layer == QUEUE and "mean_backlog_wait_ms" in aa.backlog:
+        summary += f" (mean accept queue {aa.backlog['mean_accept_queue']:g}, about {aa.backlog['mean_backlog_wait_ms']:g} ms per connection)"
+    top = aa.hot_frames.get(layer)
+    if top and layer != QUEUE:
+        summary += f"; mostly at {top.most_common(1)[0][0]}"
+    return [rule.finding(
+        severity="critical" if share >= 0.5 else "warning", confidence=round(min(1.0, share * 2), 3),
+        impact_ms=round(_per_second_ms(aa, layer), 1), summary=summary + ".", evidence=evidence, fix=fix_of(rule),
+        subject="attach", layer=layer,
+    )]  # fmt: skip
+
+
+def loop_held(aa: AttachAnalysis, *, min_busy_share: float = LOOP_SATURATED_SHARE,
+              min_blocked_share: float = LOOP_BLOCKED_SHARE) -> bool:  # fmt: skip
+    """An event loop among the workers held at least `min_busy_share` of the time, or blocked
+    in long intervals adding up to `min_blocked_share` of it (`LoopState.held` at the defaults)."""
+    return aa.loop is not None and aa.loop.held_at(min_busy_share, min_blocked_share)
+
+
+def _loop_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
+    """What the samples say of a held loop: (summary, evidence, confidence)."""
+    loop = aa.loop
+    assert loop is not None
     evidence: dict[str, Any] = {
         **loop.evidence(),
         "held_by": dict(aa.held_by.most_common(5)),
@@ -395,12 +375,21 @@ def _loop_findings(aa: AttachAnalysis) -> list[Finding]:
     if top:
         what = aa.held_by.most_common(1)[0][0] if aa.held_by else ""
         summary += f", mostly at {top.most_common(1)[0][0]}" + (f" ({_held_words(what)})" if what else "")
-    summary += "; every other request on the loop waited meanwhile"
+    summary += "; every other request on the loop waited meanwhile."
     share = aa.share(EVENT_LOOP) if aa.asyncio else busy
-    return [Finding(
-        "event-loop-blocked", EVENT_LOOP, "critical" if busy >= 0.5 else "warning", round(min(1.0, max(busy, loop.blocked_share * 5)), 3),
-        round(busy * 1000, 1), summary + ".", {**evidence, "share_of_request_time": round(share, 4)}, _fix("event-loop-blocked"),
-        fingerprint("event-loop-blocked", EVENT_LOOP, "attach"),
+    evidence["share_of_request_time"] = round(share, 4)
+    return summary, evidence, round(min(1.0, max(busy, loop.blocked_share * 5)), 3)
+
+
+def loop_findings(rule: Rule, aa: AttachAnalysis, *, min_busy_share: float, min_blocked_share: float) -> list[Finding]:
+    """A held event loop (`loop_held` at these thresholds): its busy share, blocked intervals and the stacks that held it."""
+    if aa.loop is None or not loop_held(aa, min_busy_share=min_busy_share, min_blocked_share=min_blocked_share):
+        return []
+    summary, evidence, confidence = _loop_statement(aa)
+    busy = aa.loop.busy_share or 0.0
+    return [rule.finding(
+        severity="critical" if busy >= 0.5 else "warning", confidence=confidence, impact_ms=round(busy * 1000, 1),
+        summary=summary, evidence=evidence, fix=fix_of(rule), subject="attach", layer=EVENT_LOOP,
     )]  # fmt: skip
 
 
@@ -411,12 +400,16 @@ def _held_words(what: str) -> str:
     }.get(what, what)  # fmt: skip
 
 
-def _wire_findings(aa: AttachAnalysis) -> list[Finding]:
-    """Requests of an asyncio service waiting beyond a stable ceiling of DB connections (census),
-    with the database's view of those connections when `--db` was given."""
+def wire_pool_inferred(aa: AttachAnalysis) -> bool:
+    """Requests of an asyncio service waiting beyond a stable ceiling of DB connections
+    (`WireState.pool_inferred`), the loop not held."""
+    return aa.wire is not None and aa.wire.pool_inferred and not (aa.loop is not None and aa.loop.held)
+
+
+def _wire_pool_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
+    """What the census (and pg_stat_activity) say of an inferred pool: (summary, evidence, confidence)."""
     wire, pg = aa.wire, aa.backends
-    if wire is None or not wire.pool_inferred or (aa.loop is not None and aa.loop.held):
-        return []
+    assert wire is not None
     db = ", ".join(f"{e.address}:{e.port}" for e in wire.db_endpoints())
     elsewhere = wire.outstanding_mean()
     summary = (
@@ -441,29 +434,43 @@ def _wire_findings(aa: AttachAnalysis) -> list[Finding]:
             summary += f"; pg_stat_activity shows them busy ({pg.held_share:.0%} of readings idle for {HELD_MS:g} ms or more)"
     else:
         summary += " (inferred from the sockets; `--db DSN` reads the connections' state in pg_stat_activity)"
-    return [Finding(
-        "db-pool-exhaustion", DB_POOL, "critical" if aa.share(DB_POOL) >= 0.5 else "warning", confidence,
-        round(_per_second_ms(aa, DB_POOL), 1), summary + ".", evidence, _fix("db-pool-exhaustion"),
-        fingerprint("db-pool-exhaustion", DB_POOL, "attach"),
+    return summary + ".", evidence, confidence
+
+
+def wire_pool_findings(rule: Rule, aa: AttachAnalysis) -> list[Finding]:
+    """Requests of an asyncio service waiting beyond a stable ceiling of DB connections (census),
+    with the database's view of those connections when `--db` was given (`wire_pool_inferred`)."""
+    if not wire_pool_inferred(aa):
+        return []
+    summary, evidence, confidence = _wire_pool_statement(aa)
+    return [rule.finding(
+        severity="critical" if aa.share(DB_POOL) >= 0.5 else "warning", confidence=confidence,
+        impact_ms=round(_per_second_ms(aa, DB_POOL), 1), summary=summary, evidence=evidence, fix=fix_of(rule),
+        subject="attach", layer=DB_POOL,
     )]  # fmt: skip
 
 
-def _async_verdict(aa: AttachAnalysis, findings: list[Finding], where: str) -> Verdict | None:
+def _rule_of(layer: str, findings: Sequence[Finding]) -> str | None:
+    """The rule of the highest-impact finding on `layer` (the verdict's `rule`), or None."""
+    return next((f.rule for f in findings if f.layer == layer), None)
+
+
+def _async_verdict(aa: AttachAnalysis, findings: Sequence[Finding], where: str) -> Verdict | None:
     """An asyncio server's verdict (None: decide as for a threaded one): a held loop, a pool the
     census (and pg_stat_activity) points at, requests waiting on nothing visible (unattributed),
-    or null."""
+    or null. Measured, as the threaded verdict is: the findings name its rule."""
     if aa.loop is None:
         return None
-    held = next((f for f in findings if f.layer == EVENT_LOOP), None)
-    if held is not None:
-        return Verdict(EVENT_LOOP, held.rule, round(aa.share(EVENT_LOOP), 4) if aa.asyncio else None, held.confidence,
-                       held.summary, "layer")  # fmt: skip
+    if loop_held(aa):
+        summary, _, confidence = _loop_statement(aa)
+        return Verdict(EVENT_LOOP, _rule_of(EVENT_LOOP, findings), round(aa.share(EVENT_LOOP), 4) if aa.asyncio else None,
+                       confidence, summary, "layer")  # fmt: skip
     wire = aa.wire
     if wire is None:  # no census (or a threaded server beside the loop): the stack-based view decides
         return None
-    pool = next((f for f in findings if f.layer == DB_POOL), None)
-    if pool is not None:
-        return Verdict(DB_POOL, pool.rule, round(aa.share(DB_POOL), 4), pool.confidence, pool.summary, "layer")
+    if wire_pool_inferred(aa):
+        summary, _, confidence = _wire_pool_statement(aa)
+        return Verdict(DB_POOL, _rule_of(DB_POOL, findings), round(aa.share(DB_POOL), 4), confidence, summary, "layer")
     total = sum(wire.in_flight.values())
     if wire.saturated:
         return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
@@ -489,7 +496,7 @@ def busy_share(aa: AttachAnalysis, layer: str) -> float:
     return aa.busy_s.get(layer, 0.0) / busy if busy > 0 else 0.0
 
 
-def attach_verdict(aa: AttachAnalysis, findings: list[Finding]) -> Verdict:
+def attach_verdict(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
     """report-v1 attach mode: the layer that saturates the service, or null, or unattributed.
 
     A waiting layer (`WAITING`) holding at least `MIN_VERDICT_SHARE` of busy worker time is
@@ -537,7 +544,7 @@ def attach_verdict(aa: AttachAnalysis, findings: list[Finding]) -> Verdict:
     return Verdict(layer, finding.rule if finding else None, round(aa.share(layer), 4), round(confidence, 3), summary + ".", "layer")
 
 
-def build_attach_report(aa: AttachAnalysis, findings: list[Finding]) -> Report:
+def build_attach_report(aa: AttachAnalysis, findings: Sequence[Finding]) -> Report:
     timeline = aa.timeline
     starts = [s.ts_ns for s in timeline.samples]
     pids = sorted({s.pid for s in timeline.samples})
@@ -575,7 +582,7 @@ def build_attach_report(aa: AttachAnalysis, findings: list[Finding]) -> Report:
         latency_ms=None,
         layers=layers,
         verdict=attach_verdict(aa, findings),
-        findings=findings,
+        findings=list(findings),
         p99_over_time=[
             WindowRow(float(row["second"]), None if row["accepted"] is None else int(row["accepted"]), None, second_extra(row))
             for row in aa.seconds_rows
@@ -595,6 +602,9 @@ def build_attach_report(aa: AttachAnalysis, findings: list[Finding]) -> Report:
     )
 
 
-def diagnose_attach(timeline: Timeline) -> Report:
+def diagnose_attach(timeline: Timeline, rules: Sequence[Rule] | None = None) -> Report:
+    """The report of an attach capture's timeline, judged by `rules` (default: every rule at its defaults)."""
+    from latprof.pipeline import default_rules
+
     aa = analyze_attach(timeline)
-    return build_attach_report(aa, attach_findings(aa))
+    return build_attach_report(aa, run_rules(aa, default_rules() if rules is None else rules))

@@ -32,7 +32,7 @@ from latprof.events import Frame as EventFrame
 from latprof.events import Gauge, QualityRecord, StackSample
 from latprof.attach.wire import DB_PORTS
 from latprof.semconv import NOTE_WARNING
-from latprof.collectors.attach.stacks import BUSY, Classification, by_wait_channel, event_loop_thread, loop_waiting, match, share_out
+from latprof.collectors.attach.stacks import BUSY, Classification, classify_sample, event_loop_thread, loop_waiting, match, share_out
 
 
 #: How often /proc is read for the accept queue (its depth changes faster than once a second).
@@ -226,20 +226,19 @@ def classify_window(window: Any, wchans: dict[int, dict[str, int]]) -> list[tupl
 
     A stack a signature explains is one event; a stack none explains (a C call that left no
     frame) is shared out over the wait channels its thread was seen in during the window
-    (`wchans`: tid -> wait channel -> readings), one event per channel, each classified by it.
-    What `latprof attach` writes and what `latprof top` shows are made here, alike."""
+    (`wchans`: tid -> wait channel -> readings), one event per channel. What `latprof attach`
+    writes and what `latprof top` shows are made here, alike, and each event is classified by
+    `stacks.classify_sample`, as the analysis of the capture classifies it again."""
     out: list[tuple[StackSample, Classification]] = []
     for c in window.counts:
         frames = tuple(EventFrame(f.name, f.file) for f in c.frames)
-        found = match(c.frames)
         seen = wchans.get(c.tid)
-        if found is not None or not seen:
-            sample = StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, False, None, c.count)
-            out.append((sample, found if found is not None else by_wait_channel(None, False)))
-            continue
-        for w, n in share_out(c.count, seen):
-            out.append((StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, n),
-                        by_wait_channel(w, w == "0")))  # fmt: skip
+        if not seen or match(c.frames) is not None:
+            samples = [StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, False, None, c.count)]
+        else:
+            samples = [StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, n)
+                       for w, n in share_out(c.count, seen)]  # fmt: skip
+        out += [(sample, classify_sample(sample)) for sample in samples]
     return out
 
 

@@ -68,9 +68,11 @@ class LoopState:
     @property
     def held(self) -> bool:
         """Saturated (held most of the time) or blocked (long intervals add up)."""
-        return (self.busy_share or 0.0) >= LOOP_SATURATED_SHARE or (
-            self.blocked_share >= LOOP_BLOCKED_SHARE and bool(self.blocked_ms)
-        )
+        return self.held_at(LOOP_SATURATED_SHARE, LOOP_BLOCKED_SHARE)
+
+    def held_at(self, min_busy_share: float, min_blocked_share: float) -> bool:
+        """Held at least `min_busy_share` of the time, or blocked in intervals adding up to `min_blocked_share` of it."""
+        return (self.busy_share or 0.0) >= min_busy_share or (self.blocked_share >= min_blocked_share and bool(self.blocked_ms))
 
     def evidence(self) -> dict[str, Any]:
         return {

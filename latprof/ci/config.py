@@ -4,6 +4,7 @@ The shape (pyproject.toml spelling; latprof.toml drops the `tool.latprof.` prefi
 
     [tool.latprof]
     skip_warmup_s = 2.0                     # warm-up left out of the cohorts, per process
+    min_tail_excess_ms = 20.0               # a smaller tail gets no verdict (docs/layers.md)
 
     [tool.latprof.budget]                   # overall latency budgets
     p99_ms = 2000                           # a number of ms, or "+10%" against --baseline
@@ -140,6 +141,9 @@ class Config:
 
     path: str | None = None
     skip_warmup_s: float | None = None
+    #: The tail excess (slowest 1% over the median request) below which there is no verdict;
+    #: None: the default, `latprof.analysis.requests.DEFAULT_MIN_TAIL_EXCESS_MS`.
+    min_tail_excess_ms: float | None = None
     budget: dict[str, Limit] = field(default_factory=dict)
     layer_budgets: dict[str, dict[str, Limit]] = field(default_factory=dict)
     route_budgets: list[RouteBudget] = field(default_factory=list)
@@ -259,14 +263,18 @@ class _Parser:
 
     def config(self, table: Any) -> Config:
         table = self.table(table)
-        self.unknown(table, ("skip_warmup_s", "budget", "rules", "checks"))
+        self.unknown(table, ("skip_warmup_s", "min_tail_excess_ms", "budget", "rules", "checks"))
         skip = table.get("skip_warmup_s")
         if skip is not None:
             skip = self.number(skip, "skip_warmup_s", minimum=0.0)
+        floor = table.get("min_tail_excess_ms")
+        if floor is not None:
+            floor = self.number(floor, "min_tail_excess_ms", minimum=0.0)
         budget, layers, routes = self.budget(table.get("budget", {}))
         return Config(
             path=self.label,
             skip_warmup_s=skip,
+            min_tail_excess_ms=floor,
             budget=budget,
             layer_budgets=layers,
             route_budgets=routes,

@@ -144,8 +144,9 @@ class Report:
 def decide_verdict(analysis: Analysis, findings: Sequence[Finding]) -> Verdict:
     """Name the layer that owns the tail, exactly by report-v1's verdict rules.
 
-    - null when fewer than 50 requests or p99 < 2x p50 (the summary still names the layer
-      that dominates typical latency);
+    - null when fewer than 50 requests, p99 < 2x p50, or the slowest 1% take less than
+      `analysis.min_tail_excess_ms` longer than the median request (a fast healthy service's
+      tail is noise; the summary still names the layer that dominates typical latency);
     - `unattributed` when it has the largest excess, or when attributed layers explain less
       than half of the tail cohort's excess over the median (the summary names what would
       see it);
@@ -169,6 +170,14 @@ def decide_verdict(analysis: Analysis, findings: Sequence[Finding]) -> Verdict:
             summary += f"; typical latency is dominated by {typical}."
         else:
             summary += "."
+        return Verdict(None, None, None, 1.0, summary, "no_tail")
+    if analysis.tail_excess_ms < analysis.min_tail_excess_ms:
+        summary = (
+            f"No tail worth explaining: the slowest 1% of requests took {fmt_ms(max(0.0, analysis.tail_excess_ms))}"
+            f" longer than the median request (p99 {fmt_ms(lat.p99_ms)}, p50 {fmt_ms(lat.p50_ms)}), under the"
+            f" {fmt_ms(analysis.min_tail_excess_ms)} worth acting on (min_tail_excess_ms)"
+        )
+        summary += f"; typical latency is dominated by {typical}." if typical else "."
         return Verdict(None, None, None, 1.0, summary, "no_tail")
 
     stats = [s for s in analysis.layers.values() if s.tail_excess_ms > 0]

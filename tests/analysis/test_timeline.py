@@ -60,3 +60,39 @@ def test_quality_records_become_summed_warnings_and_hooks_name_the_collectors():
     timeline = build_timeline(data(quality=quality))
     assert timeline.collectors == ["asgi", "sqlalchemy", "openai"]
     assert timeline.warnings == ["pid 1: dropped x15: buffer full"]
+
+
+# --- time-weighted gauge means ---------------------------------------------------------------------
+
+from latprof.analysis.timeline import gauge_instances, time_weighted_mean  # noqa: E402
+
+
+def _g(value: float, at_ms: float, pid: int = 1, **attrs: object) -> Gauge:
+    return Gauge("db.pool.in_use", value, int(at_ms * 1_000_000), pid, attrs)
+
+
+def test_each_reading_counts_for_as_long_as_it_held():
+    # 10 in use for 1 s (read 10 times), then 0 for 9 s (read once): 1 s x 10 / 10 s = 1.
+    series = [_g(10, 100 * i) for i in range(10)] + [_g(0, 1000)]
+    assert time_weighted_mean(series, 0, 10_000_000_000) == 1.0
+    assert sum(g.value for g in series) / len(series) > 9  # the plain mean of the readings
+
+
+def test_a_reading_before_the_window_holds_from_its_start_and_readings_after_its_end_count_for_nothing():
+    series = [_g(4, -5000), _g(8, 2000), _g(100, 20_000)]
+    # 4 from 0 to 2 s, 8 from 2 s to 10 s: (4 x 2 + 8 x 8) / 10
+    assert time_weighted_mean(series, 0, 10_000_000_000) == 7.2
+
+
+def test_time_before_the_first_reading_is_not_counted_and_no_readings_in_the_window_is_the_plain_mean():
+    assert time_weighted_mean([_g(6, 5000), _g(2, 7000)], 0, 10_000_000_000) == (6 * 2 + 2 * 3) / 5
+    assert time_weighted_mean([_g(6, 5000), _g(2, 7000)], 0, 1_000_000_000) == 4.0
+    assert time_weighted_mean([], 0, 1) is None
+
+
+def test_gauge_instances_split_readings_by_process_and_attributes():
+    readings = [_g(1, 0, pid=1, pool="a"), _g(2, 1, pid=1, pool="b"), _g(3, 2, pid=2, pool="a"), _g(4, 3, pid=1, pool="a")]
+    split = gauge_instances(readings)
+    assert {key: [g.value for g in series] for key, series in split.items()} == {
+        (1, "pool=a"): [1, 4], (1, "pool=b"): [2], (2, "pool=a"): [3],
+    }  # fmt: skip

@@ -601,7 +601,10 @@ def test_rules_json_shows_configured_threshold_values_beside_the_defaults(tmp_pa
     assert {t["name"]: (t["value"], t["default"], t["configured"]) for t in pool["thresholds"]} == {
         "min_share_of_tail_excess": (defaults.min_share_of_tail_excess, defaults.min_share_of_tail_excess, False),
         "min_tail_excess_ms": (75.0, defaults.min_tail_excess_ms, True),
+        "min_share_of_median_latency": (defaults.min_share_of_median_latency, defaults.min_share_of_median_latency, False),
+        "min_median_wait_ms": (defaults.min_median_wait_ms, defaults.min_median_wait_ms, False),
         "min_llm_overlap_ratio": (defaults.min_llm_overlap_ratio, defaults.min_llm_overlap_ratio, False),
+        "attach_min_share": (defaults.attach_min_share, defaults.attach_min_share, False),
     }
     assert pool["docs"] == DbPoolExhaustion.docs()
     [min_calls] = [t for t in rules["provider-floor"]["thresholds"] if t["name"] == "min_calls"]
@@ -644,7 +647,10 @@ def test_rules_explain_prints_every_section_and_the_thresholds(tmp_path: Path) -
     assert sections["Thresholds"].splitlines() == [
         "    min_share_of_tail_excess = 0.2  (float)",
         "    min_tail_excess_ms = 50.0  (float)",
+        "    min_share_of_median_latency = 0.5  (float)",
+        "    min_median_wait_ms = 20.0  (float)",
         "    min_llm_overlap_ratio = 0.5  (float)",
+        "    attach_min_share = 0.2  (float)",
     ]
     config = write_config(tmp_path, RULES_CONFIG)
     for args in (("rules", "explain", "db-pool-exhaustion", "--config", config), ("rules", "--config", config, "explain", "db-pool-exhaustion")):

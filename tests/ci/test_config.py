@@ -14,6 +14,7 @@ from latprof.errors import ConfigError
 # Every part of the shape, in latprof.toml spelling; `as_pyproject` gives the pyproject.toml one.
 FULL = """\
 skip_warmup_s = 1.5
+min_tail_excess_ms = 15.0
 
 [budget]
 p99_ms = 2000
@@ -127,6 +128,7 @@ def test_pyproject_and_latprof_toml_with_the_same_keys_give_equal_configs(tmp_pa
 def test_every_value_of_the_full_example_is_read_as_written(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "latprof.toml", FULL))
     assert config.skip_warmup_s == 1.5
+    assert config.min_tail_excess_ms == 15.0
     assert config.budget == {
         "p99_ms": Limit("budget.p99_ms", value=2000.0),
         "p50_ms": Limit("budget.p50_ms", relative_pct=10.0),
@@ -229,7 +231,7 @@ def test_a_broken_pyproject_is_found_so_that_loading_it_says_what_is_wrong(tmp_p
         pytest.param("latprof.toml", "[budgte]\np99_ms = 1\n",
                      "budgte: unknown key (did you mean 'budget'?)", id="unknown-top-level-key"),
         pytest.param("latprof.toml", "[tables]\n",
-                     "tables: unknown key; known keys: skip_warmup_s, budget, rules, checks", id="unknown-key-no-close-match"),
+                     "tables: unknown key; known keys: skip_warmup_s, min_tail_excess_ms, budget, rules, checks", id="unknown-key-no-close-match"),
         pytest.param("pyproject.toml", "[tool.latprof.budget]\np99_ms = true\n",
                      "tool.latprof.budget.p99_ms: must be a number, not True", id="p99-a-boolean"),
         pytest.param("latprof.toml", "[budget]\np99_ms = [2000]\n",
@@ -316,6 +318,8 @@ def test_a_broken_pyproject_is_found_so_that_loading_it_says_what_is_wrong(tmp_p
         pytest.param("latprof.toml", '[checks]\nid = "a"\n',
                      "checks: must be an array of tables ([[tool.latprof.checks]])", id="checks-not-an-array"),
         pytest.param("latprof.toml", "skip_warmup_s = -2\n", "skip_warmup_s: must be at least 0, not -2", id="negative-warmup"),
+        pytest.param("latprof.toml", "min_tail_excess_ms = -1\n", "min_tail_excess_ms: must be at least 0, not -1", id="negative-tail-floor"),
+        pytest.param("latprof.toml", 'min_tail_excess_ms = "20ms"\n', "min_tail_excess_ms: must be a number, not '20ms'", id="tail-floor-a-string"),
     ],
 )  # fmt: skip
 def test_a_mistake_is_an_error_naming_the_file_and_the_key(tmp_path: Path, name: str, text: str, expected: str) -> None:

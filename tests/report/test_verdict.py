@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from timelines import analysed, population, req, seg
 
+from latprof.analysis.requests import DEFAULT_MIN_TAIL_EXCESS_MS
 from latprof.engine import Finding, fingerprint
 from latprof.report.model import build_report, decide_verdict
 
@@ -149,3 +150,46 @@ def test_report_shape_follows_report_v1():
     assert all(layer["layer"] in {
         "queue", "event_loop", "db.pool", "db.query", "http.pool", "provider", "model", "tool", "retry", "lock", "app", "unattributed"
     } for layer in report["layers"])
+
+
+# --- the floor on the tail excess -------------------------------------------------------------------
+
+FAST = [("db.query", 2), ("app", 3)]
+FAST_SLOW = [("db.query", 12), ("app", 3)]  # the slowest 5%: 10 ms more in the database, p99 ~15 ms
+
+
+def test_no_verdict_when_the_tail_excess_is_under_the_floor_and_the_summary_says_why():
+    a = analysed(population(200, FAST, FAST_SLOW))
+    assert a.latency.p99_ms >= 2 * a.latency.p50_ms  # a tail by the ratio alone ...
+    assert 10 <= a.tail_excess_ms <= 13  # ... of 10 ms in the database (and the population's jitter)
+    assert a.min_tail_excess_ms == DEFAULT_MIN_TAIL_EXCESS_MS == 20.0 and not a.has_tail
+    verdict = decide_verdict(a, [])
+    assert verdict.layer is None and verdict.rule is None and verdict.status == "no_tail"
+    assert verdict.summary.startswith("No tail worth explaining: the slowest 1% of requests took 1")
+    assert "under the 20 ms worth acting on (min_tail_excess_ms)" in verdict.summary
+    assert "typical latency is dominated by app (" in verdict.summary
+
+
+def test_the_floor_is_configurable_and_a_lower_one_gives_the_verdict_back():
+    from timelines import timeline
+
+    from latprof.analysis.requests import analyze
+
+    a = analyze(timeline(population(200, FAST, FAST_SLOW)), warmup_s=0, min_tail_excess_ms=5.0)
+    assert a.has_tail
+    verdict = decide_verdict(a, [])
+    assert verdict.layer == "db.query" and verdict.status == "layer"
+
+
+def test_two_runs_of_a_fast_healthy_service_agree_there_is_no_tail():
+    # The same service twice, its slow requests a few ms slower in the database: p99 lands
+    # either side of 2x p50, so without the floor one run says "db.query owns the tail" and
+    # the other nothing; with it both say there is no tail worth explaining.
+    from timelines import timeline
+
+    from latprof.analysis.requests import analyze
+
+    runs = [population(200, FAST, [("db.query", 2 + extra), ("app", 3)], jitter_ms=1.0) for extra in (4, 7)]
+    unfloored = [decide_verdict(analyze(timeline(r), warmup_s=0, min_tail_excess_ms=0), []) for r in runs]
+    assert [v.status for v in unfloored] == ["no_tail", "layer"] and unfloored[1].layer == "db.query"
+    assert [decide_verdict(analysed(r), []).status for r in runs] == ["no_tail", "no_tail"]

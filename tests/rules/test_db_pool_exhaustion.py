@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from timelines import assert_min_tail_excess_is_the_boundary, analysed, gauge, req, seg
+from timelines import assert_min_tail_excess_is_the_boundary, analysed, gauge, population, req, seg
 
 from latprof.events import Gauge
 from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER
-from latprof.rules.db_pool_exhaustion import DbPoolExhaustion, Thresholds
+from latprof.rules.db_pool_exhaustion import DbPoolExhaustion, Thresholds, _pool_gauges
 from latprof.semconv import (
     DB_POOL_NAME,
     GAUGE_POOL_IN_USE,
@@ -100,7 +100,9 @@ def test_fires_when_pool_waits_own_the_tail_with_hand_computed_evidence() -> Non
     assert ev["pool_max"] == 10
     assert ev["peak_pool_size"] == 10
     assert ev["peak_in_use"] == 10
-    assert ev["mean_utilisation"] == 0.75  # (4 + 10 + 10 + 6) / 4 / 10
+    # Time-weighted: read at 1, 2, 3 and 4 s, the last reading (6) holding until the last
+    # response at 21.065 s (r199: 19.9 s + 850 + 10 + 200 + 100 + 5 ms).
+    assert ev["mean_utilisation"] == round((4 + 10 + 10 + 6 * 17.065) / 20.065 / 10, 4)  # 0.6299
     assert ev["peak_waiters"] == 7
     # Every request holds a connection; the 100 even ones across their whole 300 ms LLM call.
     assert ev["requests_with_hold"] == 200
@@ -188,3 +190,52 @@ def test_does_not_fire_when_thresholds_are_raised_above_the_tail() -> None:
 
     assert list(DbPoolExhaustion(Thresholds(min_tail_excess_ms=1000.0)).check(analysis)) == []
     assert list(DbPoolExhaustion(Thresholds(min_share_of_tail_excess=1.01)).check(analysis)) == []
+
+
+def test_mean_utilisation_weighs_each_reading_by_how_long_it_held() -> None:
+    # The hook reads the pool on checkouts and checkins, at most every 100 ms: 6 readings of 10
+    # of 10 in use during a 600 ms burst, then one reading of 0 when it went idle for 3.6 s.
+    burst = [gauge(GAUGE_POOL_IN_USE, 10, at_ms=100 * j, **{DB_POOL_NAME: "main"}) for j in range(6)]
+    readings = [
+        gauge(GAUGE_POOL_MAX, 10, at_ms=0, **{DB_POOL_NAME: "main"}),
+        *burst,
+        gauge(GAUGE_POOL_IN_USE, 0, at_ms=600, **{DB_POOL_NAME: "main"}),
+    ]
+    analysis = analysed([req(0, 4200, seg(DB_QUERY, 0, 4200))], gauges=readings)
+    plain = (6 * 10 + 0) / 7 / 10
+    assert round(plain, 2) == 0.86  # what a plain average of the readings says
+    assert _pool_gauges(analysis)["mean_utilisation"] == round(10 * 600 / 4200 / 10, 4) == 0.1429
+
+
+def test_mean_utilisation_adds_up_the_pools_of_every_process() -> None:
+    # Two workers' pools of 10 over 0-10 s: one always at 8, the other at 2 then 0 from 5 s.
+    readings = [
+        gauge(GAUGE_POOL_MAX, 10, at_ms=0, pid=1, **{DB_POOL_NAME: "main"}),
+        gauge(GAUGE_POOL_MAX, 10, at_ms=0, pid=2, **{DB_POOL_NAME: "main"}),
+        gauge(GAUGE_POOL_IN_USE, 8, at_ms=0, pid=1, **{DB_POOL_NAME: "main"}),
+        gauge(GAUGE_POOL_IN_USE, 2, at_ms=0, pid=2, **{DB_POOL_NAME: "main"}),
+        gauge(GAUGE_POOL_IN_USE, 0, at_ms=5000, pid=2, **{DB_POOL_NAME: "main"}),
+    ]
+    analysis = analysed([req(0, 10_000, seg(DB_QUERY, 0, 10_000))], gauges=readings)
+    assert _pool_gauges(analysis)["mean_utilisation"] == (8 + 1) / 20
+
+
+# --- every request waits for a connection: the pool dominates the median request --------------------
+
+
+def test_fires_without_a_tail_when_every_request_waits_for_a_connection() -> None:
+    requests = population(200, [(DB_POOL, 150), (DB_QUERY, 10), (PROVIDER, 40)], [(DB_POOL, 170), (DB_QUERY, 10), (PROVIDER, 40)])
+    analysis = analysed(requests, gauges=pool_gauges())
+    assert not analysis.has_tail
+    [finding] = DbPoolExhaustion().check(analysis)
+    assert finding.evidence["dominates_median"] is True
+    assert finding.evidence["median_ms"] == 150.0 and 0.74 <= finding.evidence["share_of_median_latency"] <= 0.75
+    assert finding.severity == "warning"  # under 75% of the median request
+    assert finding.summary.startswith("Every request waits for a database connection: 150 ms of the median request's")
+    assert "(pool max 10, peak 10 in use, up to 7 waiting)" in finding.summary
+    assert "held their connection" not in finding.summary  # no holds recorded here
+
+
+def test_does_not_fire_on_the_median_when_pool_waits_are_a_minor_part_of_it() -> None:
+    requests = population(200, [(DB_POOL, 50), (DB_QUERY, 10), (PROVIDER, 400)], [(DB_POOL, 60), (DB_QUERY, 10), (PROVIDER, 400)])
+    assert list(DbPoolExhaustion().check(analysed(requests))) == []

@@ -213,3 +213,15 @@ def test_does_not_fire_when_thresholds_are_raised_above_the_tail_and_the_lag() -
     analysis = analysed(service(), gauges=lag_gauges(STALLS))
 
     assert list(EventLoopBlocked(Thresholds(min_tail_excess_ms=1000.0, min_lag_p99_ms=1000.0)).check(analysis)) == []
+
+
+def test_fires_without_a_tail_when_every_request_waits_for_the_loop() -> None:
+    from timelines import population
+
+    requests = population(200, [(EVENT_LOOP, 120), (PROVIDER, 60)], [(EVENT_LOOP, 130), (PROVIDER, 60)])
+    analysis = analysed(requests)
+    assert not analysis.has_tail
+    [finding] = EventLoopBlocked().check(analysis)
+    assert finding.evidence["dominates_median"] is True and finding.evidence["median_ms"] == 120.0
+    assert finding.severity == "warning"  # 67% of the median request
+    assert finding.summary.startswith("Every request waits for a blocked event loop: 120 ms of the median request's")

@@ -94,7 +94,9 @@ def test_fires_when_pool_waits_own_the_tail_with_hand_computed_evidence() -> Non
     assert ev["pools_waited"] == 1
     assert ev["peak_in_use"] == 2
     assert ev["peak_waiters"] == 6
-    assert ev["mean_utilisation"] == 0.75  # (1 + 2 + 2 + 1) / 4 / 2
+    # Time-weighted: read at 1, 2, 3 and 4 s, the last reading (1) holding until the last
+    # response at 21.15 s (r199: 19.9 s + 850 + 100 + 300 ms).
+    assert ev["mean_utilisation"] == round((1 + 2 + 2 + 1 * 17.15) / 20.15 / 2, 4)  # 0.5496
     assert ev["example_request_ids"] == ["r199", "r179", "r159"]
     assert finding.summary == (
         "The slowest 1% of requests waited 800 ms longer for a free HTTP connection to search.internal than the"
@@ -195,3 +197,15 @@ def test_does_not_fire_when_thresholds_are_raised_above_the_tail() -> None:
 
     assert list(HttpPoolExhaustion(Thresholds(min_tail_excess_ms=1000.0)).check(analysis)) == []
     assert list(HttpPoolExhaustion(Thresholds(min_share_of_tail_excess=1.01)).check(analysis)) == []
+
+
+def test_fires_without_a_tail_when_every_request_waits_for_a_connection() -> None:
+    from timelines import population
+
+    requests = population(200, [(HTTP_POOL, 200), (TOOL, 100)], [(HTTP_POOL, 210), (TOOL, 100)])
+    analysis = analysed(requests, gauges=pool_gauges())
+    assert not analysis.has_tail
+    [finding] = HttpPoolExhaustion().check(analysis)
+    assert finding.evidence["dominates_median"] is True and finding.evidence["median_ms"] == 200.0
+    assert finding.summary.startswith("Every request waits for a free HTTP connection: 200 ms of the median request's")
+    assert "(peak 2 in use, up to 6 waiting)" in finding.summary

@@ -70,6 +70,8 @@ def test_fires_when_queue_owns_the_tail_with_hand_computed_evidence() -> None:
     assert ev["queue_sources"] == {"threadpool": 195, "backlog": 5}
     assert list(ev["queue_sources"]) == ["threadpool", "backlog"]
     assert ev["peak_accept_queue"] == 12
+    # Time-weighted: 0, 3 and 12 for a second each, then 5 from 3 s until the last response
+    # at 21 s (r199: 19.9 s + 850 + 50 + 200 ms): (0 + 3 + 12 + 5 x 18) / 21.
     assert ev["mean_accept_queue"] == 5.0
     # Typical requests last 252 ms and arrive every 100 ms: 3 overlap; the slow one of k = 8
     # (17.9 s to 18.95 s) adds a 4th around 18.8-18.9 s.
@@ -138,3 +140,19 @@ def test_does_not_fire_when_thresholds_are_raised_above_the_tail() -> None:
 
     assert list(RequestQueueing(Thresholds(min_tail_excess_ms=1000.0)).check(analysis)) == []
     assert list(RequestQueueing(Thresholds(min_share_of_tail_excess=1.01)).check(analysis)) == []
+
+
+def test_fires_without_a_tail_when_every_request_queues_for_a_worker() -> None:
+    from timelines import population
+
+    requests = population(200, [(QUEUE, 300), ("app", 50), (PROVIDER, 100)], [(QUEUE, 320), ("app", 50), (PROVIDER, 100)])
+    analysis = analysed(requests)
+    assert not analysis.has_tail
+    [finding] = RequestQueueing().check(analysis)
+    ev = finding.evidence
+    assert ev["dominates_median"] is True and ev["median_ms"] == 300.0
+    assert 0.66 <= ev["share_of_median_latency"] <= 0.67 and finding.severity == "warning"
+    assert finding.summary.startswith("Every request waits for a worker before its handler starts: 300 ms of the median")
+    assert "the service runs at its concurrency limit" in finding.summary
+    # raising the share above what it is silences it
+    assert list(RequestQueueing(Thresholds(min_share_of_median_latency=0.7)).check(analysis)) == []

@@ -47,3 +47,17 @@ def test_quiet_without_a_backoff_tail():
 
 def test_min_tail_excess_is_the_boundary():
     assert_min_tail_excess_is_the_boundary(RetryBackoff, Thresholds, analysed(service()))
+
+
+def test_fires_without_a_tail_when_every_request_sleeps_in_backoff() -> None:
+    from timelines import population
+
+    from latprof.layers import RETRY
+
+    requests = population(200, [(PROVIDER, 50), (RETRY, 500), (PROVIDER, 60)], [(PROVIDER, 50), (RETRY, 520), (PROVIDER, 60)])
+    analysis = analysed(requests)
+    assert not analysis.has_tail
+    [finding] = RetryBackoff().check(analysis)
+    assert finding.evidence["dominates_median"] is True and finding.evidence["median_ms"] == 500.0
+    assert finding.severity == "critical"  # 82% of the median request
+    assert finding.summary.startswith("Every request sleeps in retry backoff: 500 ms of the median request's")

@@ -132,3 +132,77 @@ def test_frames_from_py_spy_json_are_innermost_first():
     thread = {"frames": [{"name": "Condition.wait", "short_filename": "threading.py", "filename": "/usr/lib/python3.11/threading.py"},
                          {"name": "handler", "short_filename": "app.py"}]}  # fmt: skip
     assert frames_from_pyspy(thread) == [Frame("Condition.wait", "threading.py"), Frame("handler", "app.py")]
+
+
+# --- one classifier, one own frame, one event-loop thread (attach, top, the event-loop rule) ---------------------
+
+
+def test_what_attach_writes_and_top_shows_is_what_the_analysis_reads_again():
+    """`classify_window` (the capture and `latprof top`) and `classify_sample` (the analysis of
+    the capture) are one classifier: every event written classifies again to the same thing."""
+    from latprof.attach.session import classify_window
+    from latprof.collectors.attach.pyspy import StackCount, Window
+    from latprof.collectors.attach.stacks import classify_sample
+
+    running = stack("render app/reports.py", "handle_request gunicorn/workers/sync.py")
+    window = Window(7, 1_000, 2_000, 100, [
+        StackCount(1, "MainThread", tuple(QUEUEPOOL_WAIT_311), 40),  # a signature decides
+        StackCount(2, "worker", tuple(running), 50),  # shared out over the wait channels seen
+        StackCount(3, "other", tuple(running), 10),  # no wait channel read
+    ])  # fmt: skip
+    wchans = {2: {"0": 3, "futex_wait_queue": 1, "hrtimer_nanosleep": 1, "": 1}}
+    events = classify_window(window, wchans)
+    assert sum(e.weight for e, _ in events) == 100
+    assert {(e.tid, e.wchan): c.signature for e, c in events} == {
+        (1, None): "sqlalchemy.pool_wait", (2, "0"): "running", (2, "futex_wait_queue"): "wchan.futex",
+        (2, "hrtimer_nanosleep"): "wchan.sleep", (2, ""): "waiting", (3, None): "waiting",
+    }  # fmt: skip
+    assert all(classify_sample(e) == c for e, c in events)
+
+
+@pytest.mark.parametrize("filename, library", [
+    ("flask/app.py", True),  # py-spy's short name of a library
+    ("json/decoder.py", True),  # ... and of the standard library
+    ("apps/wsgi_app.py", False),  # the service, relative to where it runs
+    ("<frozen importlib._bootstrap>", True),
+    ("/venv/lib/python3.12/site-packages/tiktoken/core.py", True),
+    ("/usr/lib/python3/dist-packages/yaml/reader.py", True),
+    ("/usr/lib/python3.12/gzip.py", True),
+    ("/srv/app/export.py", False),
+    ("C:\\srv\\app\\export.py", False),
+    ("C:\\Python312\\Lib\\site-packages\\httpx\\_client.py", True),
+])  # fmt: skip
+def test_library_files_are_told_from_the_services_own(filename, library):
+    from latprof.collectors.attach.stacks import library_file
+
+    assert library_file(filename) is library
+
+
+def test_the_services_own_frame_is_the_innermost_outside_libraries_for_attach_and_the_event_loop_rule():
+    from latprof.attach.analysis import _app_frame
+    from latprof.collectors.attach.stacks import own_frame
+    from latprof.events import Frame as EventFrame, StackSample
+    from latprof.rules.event_loop_blocked import _app_frame as rule_app_frame
+
+    frames = (EventFrame("loads", "/usr/lib/python3.12/json/__init__.py"),
+              EventFrame("encode", "/venv/lib/python3.12/site-packages/tiktoken/core.py"),
+              EventFrame("count_tokens", "/srv/app/tokens.py", 12), EventFrame("run_forever", "asyncio/base_events.py"))  # fmt: skip
+    assert own_frame(frames) == frames[2]
+    assert rule_app_frame(frames) == frames[2]
+    assert _app_frame(StackSample(0, 1, 1, "MainThread", frames, True)) == "count_tokens (/srv/app/tokens.py)"
+    only_libraries = frames[:1]
+    assert own_frame(only_libraries) is None and rule_app_frame(only_libraries) == only_libraries[0]
+
+
+def test_an_event_loop_thread_runs_a_loop_not_just_any_asyncio_code():
+    from latprof.collectors.attach.stacks import event_loop_thread
+    from latprof.events import Frame as EventFrame
+
+    def frames(*names: str) -> list[EventFrame]:
+        return [EventFrame(*n.split(" ", 1)) for n in names]
+
+    assert event_loop_thread(frames("_run asyncio/events.py", "_run_once asyncio/base_events.py",
+                                    "BaseEventLoop.run_forever asyncio/base_events.py"))  # fmt: skip
+    assert event_loop_thread(frames("Runner.run asyncio/runners.py", "run asyncio/runners.py"))  # uvloop: native loop
+    # a worker thread asking for the loop is not one
+    assert not event_loop_thread(frames("get_event_loop asyncio/events.py", "handler app.py", "run concurrent/futures/thread.py"))

@@ -1,0 +1,125 @@
+"""Attach findings come from the rules: each rule's `judge_samples`, run by the engine with the config's thresholds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from attach.sampled import LOCKED, analysed, ids
+
+from latprof.attach import analysis as attach_analysis
+from latprof.attach.analysis import attach_verdict, build_attach_report
+from latprof.attach.wire import LOOP_BLOCKED_SHARE, LOOP_SATURATED_SHARE
+from latprof.ci.config import RuleSettings
+from latprof.engine import Rule, all_rules, configured, discover_rules, run_rules
+from latprof.layers import LOCK
+from latprof.pipeline import default_rules
+
+DOC = """Summary line.
+
+    What it detects:
+        x
+    Why it matters for p99:
+        x
+    Evidence:
+        x
+    How to fix:
+        x
+    Example:
+        x
+    """
+
+#: The rules an attach finding can come from, and the layers they judge there.
+SAMPLE_RULES = {
+    "cpu-bound": "app", "db-pool-exhaustion": "db.pool", "event-loop-blocked": "event_loop",
+    "http-pool-exhaustion": "http.pool", "lock-contention": "lock", "request-queueing": "queue",
+    "retry-backoff": "retry",
+}  # fmt: skip
+
+
+def test_the_rules_that_judge_samples_have_attach_thresholds_at_the_numbers_attach_used():
+    judging = {cls.id: cls for cls in discover_rules() if "samples" in cls.judges()}
+    assert {k: v.layer for k, v in judging.items()} == SAMPLE_RULES
+    for rule_id, cls in judging.items():
+        defaults = {name: default for name, _, default in cls.threshold_fields() if name.startswith("attach_")}
+        if rule_id == "event-loop-blocked":
+            assert defaults == {"attach_min_loop_busy_share": LOOP_SATURATED_SHARE,
+                                "attach_min_loop_blocked_share": LOOP_BLOCKED_SHARE}  # fmt: skip
+        else:
+            assert defaults == {"attach_min_share": attach_analysis.MIN_VERDICT_SHARE}, rule_id
+    # the others judge requests only: asked nothing about samples
+    assert all(cls.judges() == ("requests",) for cls in discover_rules() if cls.id not in SAMPLE_RULES)
+
+
+def test_a_lock_workers_wait_in_is_the_lock_rules_finding_and_the_verdict():
+    aa = analysed({"lock": 0.6, "cpu": 0.4})
+    findings = run_rules(aa, default_rules())
+    assert ids(findings) == ["lock-contention", "cpu-bound"]  # by impact
+    lock = findings[0]
+    assert lock.layer == LOCK and lock.evidence["share_of_busy_time"] == 0.6
+    assert lock.summary == f"60% of busy worker time plus queue time was spent blocked on locks; mostly at {LOCKED.function} ({LOCKED.filename})."
+    verdict = attach_verdict(aa, findings)
+    assert (verdict.layer, verdict.rule, verdict.summary, verdict.status) == (LOCK, "lock-contention", lock.summary, "layer")
+
+
+def test_the_config_disables_a_rule_or_moves_its_threshold_and_the_verdict_stays_measured():
+    aa = analysed({"lock": 0.6, "cpu": 0.4})
+    classes = all_rules()
+    off = configured(classes, {"lock-contention": RuleSettings(enabled=False)})
+    findings = run_rules(aa, off)
+    assert ids(findings) == ["cpu-bound"]
+    verdict = attach_verdict(aa, findings)  # workers still wait in the lock: the verdict names it, with no rule
+    assert (verdict.layer, verdict.rule) == (LOCK, None)
+    assert verdict.summary == "Saturated: lock holds 60% of busy worker time plus queue time."
+    raised = configured(classes, {"lock-contention": RuleSettings(thresholds={"attach_min_share": 0.61}),
+                                  "cpu-bound": RuleSettings(thresholds={"attach_min_share": 0.35})})  # fmt: skip
+    assert ids(run_rules(aa, raised)) == ["cpu-bound"]
+    at = configured(classes, {"lock-contention": RuleSettings(thresholds={"attach_min_share": 0.6})})
+    assert ids(run_rules(aa, at)) == ["lock-contention", "cpu-bound"]
+
+
+class ExplodingOnSamples(Rule):
+    __doc__ = DOC
+    id = "exploding-on-samples"
+    layer = "app"
+
+    def judge_samples(self, samples):
+        raise ZeroDivisionError("division by zero")
+
+
+class RequestsOnly(Rule):
+    __doc__ = DOC
+    id = "requests-only"
+    layer = "app"
+
+    def check(self, analysis):
+        raise AssertionError("a rule that judges requests only is not asked about samples")
+
+
+def test_a_rule_crashing_on_samples_becomes_a_finding_and_the_report_still_builds():
+    aa = analysed({"cpu": 0.7, "socket": 0.3})
+    findings = run_rules(aa, [ExplodingOnSamples(), RequestsOnly(), *default_rules()])
+    crashed = [f for f in findings if f.crashed]
+    assert [f.rule for f in crashed] == ["exploding-on-samples"] and "ZeroDivisionError" in crashed[0].summary
+    assert "cpu-bound" in ids(findings)
+    report = build_attach_report(aa, findings).to_dict()
+    assert report["verdict"]["rule"] == "cpu-bound"
+    assert ExplodingOnSamples.judges() == ("samples",) and RequestsOnly.judges() == ("requests",)
+
+
+def test_a_held_event_loop_is_the_verdict_whether_or_not_its_rule_is_enabled():
+    aa = analysed({"sleep": 0.8, "free": 0.2}, loop_busy_share=0.8)
+    (finding,) = run_rules(aa, default_rules())
+    assert (finding.rule, finding.layer) == ("event-loop-blocked", "event_loop")
+    assert finding.evidence["loop_busy_share"] == 0.8 and finding.evidence["held_by"] == {"wchan.sleep": 240}
+    assert finding.summary.startswith("The event loop was held 80% of the time, mostly at block (/srv/app/async_app.py)")
+    verdict = attach_verdict(aa, [finding])
+    assert (verdict.layer, verdict.rule, verdict.summary, verdict.confidence) == (
+        "event_loop", "event-loop-blocked", finding.summary, finding.confidence)
+    classes = all_rules()
+    off = run_rules(aa, configured(classes, {"event-loop-blocked": RuleSettings(enabled=False)}))
+    assert off == []
+    assert attach_verdict(aa, off) == dataclasses.replace(verdict, rule=None)  # measured: only its rule goes
+    unheld = configured(classes, {"event-loop-blocked": RuleSettings(thresholds={"attach_min_loop_busy_share": 0.81})})
+    assert run_rules(aa, unheld) == []
+    lowered = configured(classes, {"event-loop-blocked": RuleSettings(thresholds={"attach_min_loop_busy_share": 0.8})})
+    assert ids(run_rules(aa, lowered)) == ["event-loop-blocked"]
