@@ -11,8 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: `pylint --enable=duplicate-code` similar-lines blocks allowed (34 before the layout issue, 12 after); lower it as blocks go.
-MAX_SIMILAR_BLOCKS = 12
+#: `pylint --enable=duplicate-code` similar-lines blocks allowed (34 before the layout issue, 12 after it, 7 after the hook scaffold); lower it as blocks go.
+MAX_SIMILAR_BLOCKS = 7
 
 
 def _tool(module: str) -> None:
