@@ -1,8 +1,34 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 # Make tests/timelines.py importable as `timelines` whatever pytest's import mode.
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _every_report_matches_the_schema():
+    """Every report a test makes in-process is held to docs/report-v1.schema.json: `Report.to_dict`
+    (which the JSON renderer and every `--format json` in a CliRunner call go through) validates
+    what it returns. `pytest.fail` is not an Exception, so a CLI that turns errors into exit codes
+    cannot swallow it. Reports printed by `latprof` subprocesses are not seen here."""
+    from report_schema import schema_errors
+
+    from latprof.report.model import Report
+
+    to_dict = Report.to_dict
+
+    def validated(self: Report) -> dict:
+        out = to_dict(self)
+        errors = schema_errors(out)
+        if errors:
+            pytest.fail("a report does not match docs/report-v1.schema.json:\n  " + "\n  ".join(errors))
+        return out
+
+    Report.to_dict = validated  # type: ignore[method-assign]
+    yield
+    Report.to_dict = to_dict  # type: ignore[method-assign]
 
 
 def pytest_sessionfinish(session, exitstatus):

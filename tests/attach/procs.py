@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from report_schema import assert_valid
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: servers import `tests.*.apps` from here
 SCENARIOS = Path(__file__).with_name("scenarios.py")
@@ -120,6 +121,8 @@ def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clien
                            cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert later.returncode == 0, later.stderr
     report, again = json.loads(live.stdout), json.loads(later.stdout)
+    assert_valid(report)
+    assert_valid(again)
     print(report["verdict"], [(r["layer"], r["share_of_tail_excess"]) for r in report["layers"]], report["collection"])
     assert report["source"]["kind"] == "attach" == again["source"]["kind"]
     assert report["verdict"] == again["verdict"] and report["layers"] == again["layers"]

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
+from report_schema import assert_valid
 from test_otlp_e2e import analyze
 
 KINDS = {1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
@@ -95,7 +96,9 @@ def as_zipkin(path: Path, out: Path) -> Path:
 def report(path: Path) -> dict[str, Any]:
     done = analyze(path)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    out: dict[str, Any] = json.loads(done.stdout)
+    assert_valid(out)
+    return out
 
 
 @pytest.mark.parametrize(("scenario", "db"), [("pool_held", "sqlalchemy"), ("sequential_tools", "sqlalchemy")])

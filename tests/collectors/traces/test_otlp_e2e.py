@@ -19,6 +19,8 @@ from typing import Any, Callable
 import openai
 import pytest
 
+from report_schema import assert_valid
+
 from latprof.collectors.traces.otlp_json import read_otlp_json
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,6 +37,7 @@ def report_of(path: Path) -> dict[str, Any]:
     done = analyze(path)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
+    assert_valid(report)
     assert report["source"]["kind"] == "otlp"
     print(report["verdict"], [(r["layer"], r["share_of_tail_excess"]) for r in report["layers"]],
           [(f["rule"], f["confidence"]) for f in report["findings"]], report["collection"]["warnings"])  # fmt: skip
@@ -70,7 +73,11 @@ def test_pool_held_without_a_pool_span_is_db_pool_inferred(recording: Callable[.
     assert evidence["inferred"] is True and evidence["inferred_from"].startswith("the uncovered gap")
     assert evidence["connection_ceiling"] == 3  # the pool's size, from the requests holding a connection
     assert evidence["share_of_wait_at_ceiling"] >= 0.6
-    assert evidence["median_mean_gap_ms"] < 10 <= 100 <= evidence["tail_mean_gap_ms"]
+    # The median request barely waits before its first statement, the tail waits for a connection:
+    # an order of magnitude apart. (The median's gap is the service's own work before it, 2-11 ms
+    # here depending on how busy the machine is; a fixed 10 ms bound failed once under load.)
+    assert evidence["median_mean_gap_ms"] < 25
+    assert evidence["tail_mean_gap_ms"] >= max(100.0, 5 * evidence["median_mean_gap_ms"])
     assert found["summary"].startswith("Inferred") and found["confidence"] <= 0.6
     assert verdict["confidence"] <= found["confidence"]
 
