@@ -1,11 +1,11 @@
 """Inbound HTTP requests of `aiohttp.web` servers: request roots with their route, backdated to arrival.
 
-The same request model as the ASGI hook (`collectors/hooks/asgi.py`), whose machinery it reuses:
+The same request model as the ASGI hook (`collectors/hooks/_async_request.py`, which both use):
 
 - **Where it hooks.** `aiohttp.web_protocol.RequestHandler._handle_request`, the coroutine
   that runs one request on the connection's handler task: it calls the application's handler
   (middlewares included) and writes the response (`finish_response`, up to `write_eof`).
-  Its coroutine runs inside the ASGI hook's request proxy, which opens the request on its
+  Its coroutine runs inside the shared request proxy (`RequestCoroutine`), which opens the request on its
   first step, times each step for the event-loop attribution (`asyncio_loop`), and closes it
   when the coroutine returns, that is once the response is written. Tasks the handler spawns
   are timed through the loop's task factory, as under uvicorn.
@@ -26,7 +26,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from latprof.collectors.hooks import _inbound, _scaffold, asgi, asyncio_loop, runtime
+from latprof.collectors.hooks import _async_request, _inbound, _scaffold, asyncio_loop, runtime
+from latprof.collectors.hooks._async_request import Request, RequestCoroutine
 from latprof.semconv import NOTE_WARNING
 
 HOOK = "aiohttp_web"
@@ -34,7 +35,7 @@ HOOK = "aiohttp_web"
 def _patch(module: Any) -> None:
     cls = module.RequestHandler
     original = cls.__dict__["_handle_request"]
-    asgi._import_lazily()  # binds get_running_loop and the TCP_INFO constants
+    _async_request.load()  # binds get_running_loop and the TCP_INFO constants
 
     def _handle_request(self: Any, request: Any, start_time: Any, request_handler: Any) -> Any:
         coro = original(self, request, start_time, request_handler)
@@ -64,14 +65,14 @@ uninstall = scaffold.uninstall
 
 
 def _track(handler: Any, web_request: Any, coro: Any, weight: int) -> Any:
-    monitor = asyncio_loop.monitor(asgi._get_running_loop())
+    monitor = asyncio_loop.monitor(_async_request.get_running_loop())
     if monitor is None:
         return coro
     read_ns = runtime.now_ns()
     arrival_ns = _arrival(getattr(handler, "transport", None), read_ns, monitor)
     reference_ns = arrival_ns if arrival_ns is not None else read_ns
     header_ns = _inbound.header_start(web_request.headers.get("X-Request-Start"), reference_ns, HOOK)
-    request = asgi._Request(None, monitor, read_ns, arrival_ns, header_ns, weight)
+    request = Request(HOOK, _no_route, None, monitor, read_ns, arrival_ns, header_ns, weight)
     monitor.request_started()
     return _HandlerCoroutine(coro, request, monitor, web_request)
 
@@ -92,12 +93,12 @@ def _arrival(transport: Any, now_ns: int, monitor: asyncio_loop.LoopMonitor) -> 
     return _inbound.last_data_arrival(sock, now_ns)
 
 
-class _HandlerCoroutine(asgi._RequestCoroutine):
+class _HandlerCoroutine(RequestCoroutine):
     """`_handle_request`'s coroutine: notes the route and the status when it returns, then ends the request."""
 
     __slots__ = ("_web_request",)
 
-    def __init__(self, coro: Any, request: asgi._Request, monitor: asyncio_loop.LoopMonitor, web_request: Any) -> None:
+    def __init__(self, coro: Any, request: Request, monitor: asyncio_loop.LoopMonitor, web_request: Any) -> None:
         super().__init__(coro, request, monitor)
         self._web_request = web_request
 
@@ -121,8 +122,8 @@ class _HandlerCoroutine(asgi._RequestCoroutine):
         return step
 
     def _returned(self, value: Any) -> None:
-        """The request's coroutine is over: its status and route, for `asgi._finish`."""
-        request: asgi._Request = self._owner
+        """The request's coroutine is over: its status and route, for `_async_request.finish`."""
+        request: Request = self._owner
         try:
             response = value[0] if isinstance(value, tuple) and value else None
             status = getattr(response, "status", None)
@@ -134,6 +135,11 @@ class _HandlerCoroutine(asgi._RequestCoroutine):
             runtime.count_error(HOOK, exc)
         finally:
             self._web_request = None
+
+
+def _no_route(_scope: Any) -> str:
+    """The route of a request `_returned` could not name (it sets the real one)."""
+    return "<no route>"
 
 
 def route_of(web_request: Any) -> str:

@@ -58,7 +58,8 @@ import time
 import types
 from typing import Any, Callable
 
-from latprof.collectors.hooks import _inbound, _scaffold, asyncio_loop, runtime
+from latprof.collectors.hooks import _async_request, _inbound, _scaffold, asyncio_loop, runtime
+from latprof.collectors.hooks._async_request import Request, RequestCoroutine
 from latprof.layers import EVENT_LOOP, QUEUE
 from latprof.semconv import NOTE_WARNING, QUEUE_SOURCE, SAMPLE_WEIGHT
 
@@ -73,40 +74,14 @@ UVICORN_PROTOCOLS = (
 )
 #: Thread-pool waits shorter than this are the hand-off itself, not queueing: no segment.
 THREADPOOL_MIN_WAIT_NS = 1_000_000
-#: Segment names. The layer-less HELD_THE_LOOP marks where the request's own code held the
-#: event loop (a step of 20 ms or more) and made every other request in flight wait.
-PRE_HANDLER = "waiting for the event loop"
-BLOCKED_BY_OTHERS = "event loop blocked by other work"
-HELD_THE_LOOP = "held the event loop"
-BEHIND_THE_PROXY = "queue before the server (X-Request-Start)"
 THREADPOOL_WAIT = "threadpool wait"
-#: A shorter time from arrival to handler gets no segment: it is below TCP_INFO's resolution
-#: (the kernel's tick, 1-10 ms), and one event less per request halves what a healthy request costs.
-MIN_PRE_HANDLER_NS = 1_000_000
-#: At most this many `event_loop` waits are nested under a request's segments (one per segment
-#: that was open during a block); the rest of its waits hang off the root.
-MAX_NESTED_WAITS = 64
 _HEADER = b"x-request-start"
 _CYCLE_ATTR = "_latprof_request"
 _SOCKET_ATTR = "_latprof_socket"
 _UNSET: Any = object()
-_PENDING_ROUTE = "<pending>"
 
 _time_ns = time.time_ns
 _thread_time_ns = time.thread_time_ns
-
-
-# Bound when uvicorn is first patched: importing asyncio costs every process that loads the
-# hooks, and most never serve HTTP.
-_get_running_loop: Callable[[], Any] = lambda: None
-
-
-def _import_lazily() -> None:
-    global _get_running_loop
-    import asyncio
-
-    _get_running_loop = asyncio.get_running_loop
-    _inbound.load()
 
 
 # --- install -----------------------------------------------------------------------------------
@@ -114,7 +89,7 @@ def _import_lazily() -> None:
 
 def _patch_uvicorn(module: Any) -> None:
     cls = module.RequestResponseCycle
-    _import_lazily()
+    _async_request.load()
     original_run_asgi = cls.__dict__["run_asgi"]
     original_send = cls.__dict__["send"]
 
@@ -162,7 +137,7 @@ def _patch_uvicorn(module: Any) -> None:
     scaffold.replace(cls, "run_asgi", run_asgi)
 
 
-async def _send_when_writable(original_send: Callable[..., Any], cycle: Any, message: Any, request: _Request) -> None:
+async def _send_when_writable(original_send: Callable[..., Any], cycle: Any, message: Any, request: Request) -> None:
     """The transport's buffer is full: the message goes out once it drained, then note it."""
     await original_send(cycle, message)
     if not request.done:
@@ -179,7 +154,7 @@ def _patch_to_thread(module: Any) -> None:
 
     async def run_sync(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         request = asyncio_loop.current_owner()
-        if not isinstance(request, _Request) or request.done:
+        if not isinstance(request, Request) or request.done:
             return await original(func, *args, **kwargs)
         call = _ThreadCall(func)
         called_ns = _time_ns()
@@ -213,53 +188,9 @@ uninstall = scaffold.uninstall
 # --- one request -------------------------------------------------------------------------------
 
 
-class _Request(asyncio_loop.Owner):
-    """One HTTP request from its arrival to its root's emission."""
-
-    __slots__ = (
-        "scope",
-        "monitor",
-        "read_ns",
-        "arrival_ns",
-        "header_ns",
-        "handler_ns",
-        "token",
-        "state",
-        "status",
-        "response_end_ns",
-        "finished",
-        "weight",
-        "route",
-    )
-
-    def __init__(
-        self,
-        scope: Any,
-        monitor: asyncio_loop.LoopMonitor,
-        read_ns: int,
-        arrival_ns: int | None,
-        header_ns: int | None,
-        weight: int = 1,
-    ) -> None:
-        super().__init__()
-        self.scope = scope
-        self.monitor = monitor
-        self.read_ns = read_ns  # when uvicorn handed the parsed request over
-        self.arrival_ns = arrival_ns  # when its bytes reached the socket (TCP_INFO), if known
-        self.header_ns = header_ns  # X-Request-Start, if present and believable
-        self.handler_ns = 0  # first step of the request's coroutine
-        self.token: Any = None
-        self.state: runtime.RequestState | None = None
-        self.status: int | None = None
-        self.response_end_ns = 0
-        self.finished = False  # the root was emitted (or given up on)
-        self.weight = weight  # the requests this one stands for (runtime.Sampler)
-        self.route: str | None = None  # set by a server hook that knows it (aiohttp); else from the scope
-
-
 def _track(cycle: Any, coro: Any, weight: int = 1) -> Any:
     """Wrap the coroutine of the request uvicorn just parsed (called on the loop, in data_received)."""
-    monitor = asyncio_loop.monitor(_get_running_loop())
+    monitor = asyncio_loop.monitor(_async_request.get_running_loop())
     if monitor is None:
         return coro
     read_ns = _time_ns()
@@ -267,66 +198,13 @@ def _track(cycle: Any, coro: Any, weight: int = 1) -> Any:
     reference_ns = arrival_ns if arrival_ns is not None else read_ns
     scope = cycle.scope
     header_ns = _header_start(scope.get("headers"), reference_ns)
-    request = _Request(scope, monitor, read_ns, arrival_ns, header_ns, weight)
+    request = Request(HOOK, _route, scope, monitor, read_ns, arrival_ns, header_ns, weight)
     cycle.__dict__[_CYCLE_ATTR] = request
     monitor.request_started()
-    return _RequestCoroutine(coro, request, monitor)
+    return RequestCoroutine(coro, request, monitor)
 
 
-class _RequestCoroutine(asyncio_loop.TimedCoroutine):
-    """The request's own coroutine (uvicorn's `run_asgi`): opens the request, times, closes it."""
-
-    __slots__ = ()
-    _owner: _Request  # the slot of TimedCoroutine, always a _Request here
-
-    def send(self, value: Any) -> Any:
-        return self._step(self._coro.send, value)
-
-    def throw(self, *args: Any) -> Any:
-        return self._step(self._coro.throw, *args)
-
-    def _step(self, method: Callable[..., Any], *args: Any) -> Any:
-        request: _Request = self._owner
-        if request.finished:
-            return method(*args)
-        if request.token is None:
-            _begin(request)
-        if request.done:  # the response is out; only its end (streamed from a child task) is left
-            try:
-                return method(*args)
-            except BaseException:
-                _finish(request)
-                raise
-        wall0 = _time_ns()
-        try:
-            result = method(*args)
-        except BaseException:  # StopIteration included: the coroutine is over
-            self._account(request, wall0)
-            _finish(request)
-            raise
-        self._account(request, wall0)
-        if request.done:  # the response's last body message went out during this step
-            _finish(request)
-        return result
-
-
-def _begin(request: _Request) -> None:
-    """First step, in the request task's own context: open the request there."""
-    try:
-        handler_ns = _time_ns()
-        request.handler_ns = handler_ns
-        arrival_ns = request.arrival_ns if request.arrival_ns is not None else request.read_ns
-        start_ns = request.header_ns if request.header_ns is not None else arrival_ns
-        asyncio_loop.adopt(request)
-        attrs = {SAMPLE_WEIGHT: request.weight} if request.weight > 1 else None
-        request.token, request.state = runtime.open_request(_PENDING_ROUTE, min(start_ns, handler_ns), attrs)
-    except Exception as exc:
-        request.finished = request.done = True
-        request.monitor.request_finished()
-        runtime.count_error(HOOK, exc)
-
-
-def _sent(request: _Request, message: Any) -> None:
+def _sent(request: Request, message: Any) -> None:
     """uvicorn sent `message` for the request: note the status and the end of the response."""
     kind = message.get("type")
     if kind == "http.response.start":
@@ -336,88 +214,6 @@ def _sent(request: _Request, message: Any) -> None:
         # for a response streamed from a task it spawned, its next one) ends.
         request.response_end_ns = _time_ns()
         request.done = True
-
-
-def _finish(request: _Request) -> None:
-    """Emit the request's segments and root (in the request task's context); never raises."""
-    if request.finished:
-        return
-    request.finished = request.done = True
-    monitor = request.monitor
-    monitor.request_finished()
-    try:
-        state = request.state
-        if state is None:
-            return
-        end_ns = request.response_end_ns or _time_ns()
-        state.route = request.route or _route(request.scope)
-        state.status_code = request.status
-        state.cpu_ns = request.cpu_ns
-        arrival_ns = request.arrival_ns if request.arrival_ns is not None else request.read_ns
-        arrival_ns = min(arrival_ns, request.handler_ns)
-        if request.header_ns is not None and request.header_ns < arrival_ns:
-            _segment(state, BEHIND_THE_PROXY, QUEUE, request.header_ns, arrival_ns, {QUEUE_SOURCE: "header"})
-        if request.handler_ns - arrival_ns >= MIN_PRE_HANDLER_NS:
-            _segment(state, PRE_HANDLER, EVENT_LOOP, arrival_ns, request.handler_ns)
-        others, own = monitor.blocked(request.key, request.handler_ns, end_ns)
-        if others:
-            _waited_for_the_loop(state, others)
-        for lo, hi in own:  # no layer, it owns no time: says which request held the loop, and how long
-            _segment(state, HELD_THE_LOOP, None, lo, hi)
-        runtime.end_request(request.token, end_ns)
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
-    finally:
-        request.scope = request.state = request.token = None  # the cycle outlives the request on a keep-alive connection
-
-
-def _waited_for_the_loop(state: runtime.RequestState, blocks: list[tuple[int, int]]) -> None:
-    """Record the request's time in `blocks` (the loop blocked by other work) as `event_loop`.
-
-    Where a segment of the request that was awaited on the loop (its thread's) was open, the
-    request was waiting on the loop there too, whatever it awaited (the provider, a query, a
-    pool): the wait becomes a child of each such innermost segment, so that it owns that
-    time (report-v1: the innermost segment owns the time). Where a segment of another thread
-    was running (`asyncio.to_thread`, the thread pool), the request was not waiting for the
-    loop. Where no segment was open, the wait hangs off the root.
-    """
-    spans = runtime.spans_of(state)
-    loop_thread = threading.get_ident()
-    parents = {parent for _, parent, _, _, _ in spans if parent is not None}
-    nested = 0
-    for lo, hi in blocks:
-        covered: list[tuple[int, int]] = []
-        for sid, _, start, end, thread in spans:
-            if end <= lo or start >= hi:
-                continue
-            a, b = (start if start > lo else lo), (end if end < hi else hi)
-            covered.append((a, b))
-            if thread == loop_thread and sid not in parents and nested < MAX_NESTED_WAITS:
-                runtime.record(BLOCKED_BY_OTHERS, EVENT_LOOP, a, b, parent_id=sid, state=state)
-                nested += 1
-        for a, b in _uncovered(lo, hi, covered):
-            _segment(state, BLOCKED_BY_OTHERS, EVENT_LOOP, a, b)
-
-
-def _uncovered(lo: int, hi: int, covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The parts of [lo, hi] outside every interval of `covered`."""
-    if not covered:
-        return [(lo, hi)]
-    gaps = []
-    cursor = lo
-    for a, b in sorted(covered):
-        if a > cursor:
-            gaps.append((cursor, a))
-        if b > cursor:
-            cursor = b
-    if cursor < hi:
-        gaps.append((cursor, hi))
-    return gaps
-
-
-def _segment(state: runtime.RequestState, name: str, layer: str | None, start_ns: int, end_ns: int, attrs: Any = None) -> None:
-    """A segment hanging off the request root, whatever segment the calling task has open."""
-    runtime.record(name, layer, start_ns, end_ns, attrs, parent_id=runtime.ROOT, state=state)
 
 
 # --- thread pool -------------------------------------------------------------------------------
@@ -442,7 +238,7 @@ class _ThreadCall:
             self.cpu_ns = _thread_time_ns() - cpu0
 
 
-def _thread_call_done(request: _Request, called_ns: int, call: _ThreadCall) -> None:
+def _thread_call_done(request: Request, called_ns: int, call: _ThreadCall) -> None:
     try:
         if request.done:
             return

@@ -136,21 +136,27 @@ SAMPLING_WINDOW_NS = 250_000_000
 
 
 class Sampler:
-    """Which inbound requests to record: every one up to `max_rate` a second, above that a random 1 in k.
+    """Which inbound requests to record: every one up to `max_rate` a second, above that 1 in k.
 
     Call it once per arriving request: 0 means do not record it, otherwise record it with
     that weight. The stride k of a window is the arrival rate of the window before divided
-    by `max_rate`, rounded up; each request is recorded with chance 1/k and weight k. The
-    choice never looks at the request (its route, its latency), so the recorded requests,
-    each counted k times, are an unbiased estimate of every request of the process: its
-    count, its percentiles, its slowest 1% (Horvitz-Thompson; the analysis weighs by
-    `latprof.sample_weight`). A burst that would record more than twice a window's budget
-    ends the window at once. `max_rate` 0 records every request.
+    by `max_rate`, rounded up. Of each k consecutive arrivals one is recorded, with weight k,
+    at a position drawn at random for that block (stratified sampling): each request is
+    recorded with chance exactly 1/k. The choice never looks at the request (its route, its
+    latency), so the recorded requests, each counted k times, are an unbiased estimate of
+    every request of the process: its count, its percentiles, its slowest 1%
+    (Horvitz-Thompson; the analysis weighs by `latprof.sample_weight`). Slow requests come in
+    runs (a pool or a queue backs up for a while): a run of m of them keeps at least m // k,
+    where independent 1-in-k draws can miss a whole run; and the random position keeps a
+    pattern that repeats every k requests from being seen through one phase only. A burst
+    that would record more than twice a window's budget ends the window at once.
+    `max_rate` 0 records every request.
 
     Not locked: threads that race on the counters only make the rate estimate a little off.
     """
 
-    __slots__ = ("max_rate", "stride", "seen", "window_start", "window_end", "limit", "_window_ns", "_clock", "_random")
+    __slots__ = ("max_rate", "stride", "seen", "window_start", "window_end", "limit", "_window_ns", "_clock", "_random",
+                 "_position", "_pick")  # fmt: skip
 
     def __init__(
         self,
@@ -168,6 +174,7 @@ class Sampler:
         self.seen = 0
         self.window_start = self.window_end = 0
         self.limit = 0
+        self._position = self._pick = 0  # of the next arrival in its block of `stride`; the one recorded
         self._new_window(clock())
 
     def __call__(self) -> int:
@@ -180,7 +187,12 @@ class Sampler:
         stride = self.stride
         if stride == 1:
             return 1
-        return stride if self._random() * stride < 1.0 else 0
+        position = self._position
+        if position >= stride:  # a new block of `stride` arrivals: which of them to record
+            position = 0
+            self._pick = int(self._random() * stride)
+        self._position = position + 1
+        return stride if position == self._pick else 0
 
     def _roll(self, now: int) -> None:
         """Set the stride from the rate of the window that ends now, and start the next one."""
@@ -193,6 +205,7 @@ class Sampler:
 
     def _new_window(self, now: int) -> None:
         self.seen = 0
+        self._position = self.stride  # the stride may change: the next arrival starts a block
         self.window_start = now
         self.window_end = now + self._window_ns
         budget = self.max_rate * self._window_ns / 1e9  # requests to record per window

@@ -18,7 +18,8 @@ Sampling from outside sees no requests, so:
 - **Verdict** (`attach_verdict`): a pool or a lock workers wait in for at least
   `MIN_VERDICT_SHARE` of their busy time is saturated itself, and named. Otherwise the workers
   are **saturated** when idle less than `MAX_IDLE_SHARE` of their samples, or when a backlog
-  stood in at least `MIN_BACKLOG_SECONDS_SHARE` of the seconds: then `queue` (a backlog), or
+  stood in at least `MIN_BACKLOG_SECONDS_SHARE` of the seconds: then `queue` (a backlog holding at
+  least `MIN_VERDICT_SHARE` of busy plus queue time), or
   `app` (workers mostly running Python), or `unattributed` (the cause is not visible from
   outside). Workers waiting on the provider or on tools are doing their job: reported, never
   blamed. Not saturated: no verdict, and the summary says where busy time goes. The verdict is
@@ -519,8 +520,8 @@ def attach_verdict(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
         return Verdict(None, None, None, 1.0 if ranked else 0.0,
                        f"Not saturated: workers were idle {aa.idle_share or 0:.0%} of the time and no backlog stood;"
                        f" busy time went to {where}.", "no_tail")  # fmt: skip
-    elif aa.backlog_seconds_share >= MIN_BACKLOG_SECONDS_SHARE and aa.share(QUEUE) > 0:
-        layer = QUEUE
+    elif aa.backlog_seconds_share >= MIN_BACKLOG_SECONDS_SHARE and aa.share(QUEUE) >= MIN_VERDICT_SHARE:
+        layer = QUEUE  # a backlog that holds a real share of request time; a brief one behind busy CPUs is not the cause
     elif busy_share(aa, APP) >= 0.5:
         layer = APP
     elif aa.busy_s and max(aa.busy_s, key=lambda k: aa.busy_s[k]) != UNATTRIBUTED:

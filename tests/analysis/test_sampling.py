@@ -170,3 +170,19 @@ def test_a_burst_raises_the_stride_within_a_window_and_a_quiet_spell_lowers_it()
     assert sampler.stride > 100
     clock.now += 2_000_000_000
     assert set(arrivals(sampler, clock, 20, 2)) == {1}
+
+
+def test_one_of_each_k_consecutive_arrivals_is_recorded_so_a_run_of_slow_requests_is_never_all_missed():
+    clock = Clock()
+    sampler = Sampler(100, clock=clock, rng=random.Random(7).random)
+    decisions = arrivals(sampler, clock, 250, 20)[500:]  # past the first windows: stride 3
+    assert set(decisions) == {0, 3}
+    # A run of slow requests (a pool backing up) is some consecutive arrivals: any 8 of them
+    # keep at least 2 (two whole blocks of 3), where independent 1-in-3 draws would keep none
+    # of 8 about 4% of the time, and at most 1 about 20%.
+    kept = [sum(1 for w in decisions[i : i + 8] if w) for i in range(len(decisions) - 8)]
+    assert min(kept) >= 2, min(kept)
+    # Each position of a block is the recorded one equally often: a pattern that repeats
+    # every 3 requests (a page calling three routes in turn) is seen through all its phases.
+    by_phase = [sum(1 for w in decisions[phase::3] if w) for phase in range(3)]
+    assert all(abs(n - len(decisions) / 9) <= 0.15 * len(decisions) / 9 for n in by_phase), by_phase

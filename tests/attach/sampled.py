@@ -5,7 +5,7 @@ Not a test module: `from attach.sampled import ...` (tests/ is on sys.path, see 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from latprof.analysis.timeline import Timeline
 from latprof.attach.analysis import AttachAnalysis, analyze_attach
@@ -28,13 +28,20 @@ KINDS = {"cpu": (CPU, None), "lock": (LOCKED, "futex_wait_queue"), "socket": (CP
 LOOP_KINDS = {"sleep": (BLOCKING, "hrtimer_nanosleep"), "free": (Frame("select", "/usr/lib/python3.12/selectors.py"), "do_epoll_wait")}
 
 
-def sampled(mix: dict[str, float], *, workers: int = 2, seconds: int = 3, loop_busy_share: float | None = None) -> Timeline:
+def sampled(mix: dict[str, float], *, workers: int = 2, seconds: int = 3, loop_busy_share: float | None = None,
+            backlog: Sequence[float] = (), accept_rate: float = 20.0) -> Timeline:  # fmt: skip
     """An attach capture's timeline: `workers` sync workers sampled at `RATE_HZ` for `seconds`,
     each second split between the kinds of `mix` (kind -> share of its samples; `KINDS`), or
     with `loop_busy_share`, one asyncio event loop thread (`LOOP_KINDS`) whose busy share each
-    second is that (the gauge `latprof attach` writes)."""
+    second is that (the gauge `latprof attach` writes). `backlog`: the listening socket's accept
+    queue read in each second (as /proc shows it), with `accept_rate` connections accepted a second."""
     samples: list[StackSample] = []
     gauges: dict[str, list[Gauge]] = {}
+    if backlog:
+        gauges["accept.queue_depth"] = [Gauge("accept.queue_depth", depth, ORIGIN_NS + s * 1_000_000_000, PID, {})
+                                         for s, depth in enumerate(backlog)]  # fmt: skip
+        gauges["accept.rate"] = [Gauge("accept.rate", accept_rate, ORIGIN_NS + s * 1_000_000_000, PID, {})
+                                 for s in range(len(backlog))]  # fmt: skip
     kinds, stack = KINDS, (SERVING,)
     if loop_busy_share is not None:
         kinds, stack, workers = LOOP_KINDS, (LOOP,), 1
@@ -58,7 +65,7 @@ def sampled(mix: dict[str, float], *, workers: int = 2, seconds: int = 3, loop_b
     )  # fmt: skip
 
 
-def analysed(mix: dict[str, float], **kw: float) -> AttachAnalysis:
+def analysed(mix: dict[str, float], **kw: Any) -> AttachAnalysis:
     """`sampled(mix)` analysed (`latprof.attach.analysis.analyze_attach`)."""
     return analyze_attach(sampled(mix, **kw))
 

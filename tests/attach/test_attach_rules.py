@@ -123,3 +123,23 @@ def test_a_held_event_loop_is_the_verdict_whether_or_not_its_rule_is_enabled():
     assert run_rules(aa, unheld) == []
     lowered = configured(classes, {"event-loop-blocked": RuleSettings(thresholds={"attach_min_loop_busy_share": 0.8})})
     assert ids(run_rules(aa, lowered)) == ["event-loop-blocked"]
+
+
+def test_a_brief_backlog_behind_busy_cpus_leaves_the_verdict_to_the_cpu():
+    # Workers busy running Python; the accept queue read 1 in one of three seconds (a client's
+    # next connection arriving while both workers finish their request): the backlog's share of
+    # request time is small, so it is the CPU's doing, not a queue that owns the time (CI once
+    # named `queue` here with no rule behind it).
+    brief = analysed({"cpu": 1.0}, backlog=[1, 0, 0], accept_rate=40)
+    assert brief.backlog_seconds_share >= attach_analysis.MIN_BACKLOG_SECONDS_SHARE
+    assert 0 < brief.share("queue") < attach_analysis.MIN_VERDICT_SHARE
+    findings = run_rules(brief, default_rules())
+    assert ids(findings) == ["cpu-bound"]
+    verdict = attach_verdict(brief, findings)
+    assert (verdict.layer, verdict.rule) == ("app", "cpu-bound"), verdict
+    # A backlog that holds a real share of request time is the queue, with its rule.
+    standing = analysed({"cpu": 1.0}, backlog=[4, 5, 4], accept_rate=20)
+    assert standing.share("queue") >= attach_analysis.MIN_VERDICT_SHARE
+    findings = run_rules(standing, default_rules())
+    verdict = attach_verdict(standing, findings)
+    assert (verdict.layer, verdict.rule) == ("queue", "request-queueing"), (verdict, ids(findings))

@@ -13,7 +13,7 @@ import pytest
 
 from apps.harness import ROOT, AiohttpServer, Capture, Pending, get
 
-from latprof.collectors.hooks.asgi import BLOCKED_BY_OTHERS, HELD_THE_LOOP, PRE_HANDLER
+from latprof.collectors.hooks._async_request import BLOCKED_BY_OTHERS, HELD_THE_LOOP, PRE_HANDLER
 from latprof.layers import EVENT_LOOP
 
 pytestmark = pytest.mark.slow  # real servers in subprocesses

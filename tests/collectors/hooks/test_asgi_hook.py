@@ -10,7 +10,8 @@ import pytest
 from apps.harness import serve_session, CONFIGS, Capture, Pending, Server, get
 
 from latprof.collectors.hooks import asgi
-from latprof.collectors.hooks.asgi import BEHIND_THE_PROXY, BLOCKED_BY_OTHERS, HELD_THE_LOOP, PRE_HANDLER, THREADPOOL_WAIT
+from latprof.collectors.hooks._async_request import BEHIND_THE_PROXY, BLOCKED_BY_OTHERS, HELD_THE_LOOP, PRE_HANDLER
+from latprof.collectors.hooks.asgi import THREADPOOL_WAIT
 from latprof.layers import EVENT_LOOP, QUEUE
 from latprof.semconv import QUEUE_SOURCE
 

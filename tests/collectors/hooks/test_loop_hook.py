@@ -18,7 +18,7 @@ import uvloop
 from apps.harness import serve_session, CONFIGS, ROOT, Capture, Pending, Server
 
 from latprof.collectors.hooks import asyncio_loop
-from latprof.collectors.hooks.asgi import BLOCKED_BY_OTHERS, HELD_THE_LOOP
+from latprof.collectors.hooks._async_request import BLOCKED_BY_OTHERS, HELD_THE_LOOP
 from latprof.collectors.hooks.asyncio_loop import BLOCK_THRESHOLD_NS
 from latprof.events import Gauge
 from latprof.layers import EVENT_LOOP

@@ -15,7 +15,7 @@ import pytest
 from apps.harness import CONFIGS
 from services import require_pg
 
-from latprof.collectors.hooks.asgi import HELD_THE_LOOP
+from latprof.collectors.hooks._async_request import HELD_THE_LOOP
 from latprof.demo.run import DemoResult, run_demo
 from latprof.layers import EVENT_LOOP, MODEL, PROVIDER
 

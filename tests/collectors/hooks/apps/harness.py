@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 import psutil
 
 from latprof.capture.reader import CaptureData, read_captures
-from latprof.collectors.hooks.asgi import PRE_HANDLER
+from latprof.collectors.hooks._async_request import PRE_HANDLER
 from latprof.events import Request, Segment
 
 ROOT = Path(__file__).resolve().parents[4]  # the repository: uvicorn imports `tests.collectors.hooks.apps.*` from here
