@@ -20,6 +20,8 @@ from latprof.engine import (
 )
 from latprof.analysis.inference import (
     INFERRED,
+    INFERRED_CONFIDENCE,
+    Inference,
     INFERRED_AT_CEILING,
     INFERRED_CEILING,
     INFERRED_FROM,
@@ -50,8 +52,6 @@ class Thresholds(WaitThresholds):
     attach_min_share: float = 0.2
 
 
-#: An inferred pool wait (no span measured it) is believed this much less than a measured one.
-INFERRED_CONFIDENCE = 0.6
 
 
 class DbPoolExhaustion(Rule):
@@ -190,15 +190,13 @@ def _inferred(analysis: Analysis) -> dict[str, object]:
     if not marked:
         return {}
     attrs = marked[0].attrs
-    return {
-        "inferred": True,
-        "inferred_from": attrs.get(INFERRED_FROM),
+    return Inference(str(attrs.get(INFERRED_FROM) or "the traces' shape"), {
         "inferred_share_of_pool_waits": round(len(marked) / len(pool), 4),
         "connection_ceiling": attrs.get(INFERRED_CEILING),
         "share_of_wait_at_ceiling": attrs.get(INFERRED_AT_CEILING),
         "tail_mean_gap_ms": attrs.get(INFERRED_TAIL_GAP_MS),
         "median_mean_gap_ms": attrs.get(INFERRED_MEDIAN_GAP_MS),
-    }
+    }).evidence()  # fmt: skip
 
 
 def _pool_gauges(analysis: Analysis) -> dict[str, float]:

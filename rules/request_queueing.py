@@ -19,7 +19,7 @@ from latprof.engine import (
     severity_for_share,
     wait_evidence,
 )
-from latprof.analysis.inference import INFERRED, INFERRED_CONCURRENCY, INFERRED_FROM, INFERRED_SERVICE
+from latprof.analysis.inference import INFERRED, INFERRED_CONCURRENCY, INFERRED_CONFIDENCE, INFERRED_FROM, INFERRED_SERVICE, Inference
 from latprof.layers import QUEUE
 from latprof.semconv import GAUGE_ACCEPT_QUEUE, QUEUE_SOURCE
 
@@ -53,8 +53,6 @@ _SOURCE_FIXES = {
     "downstream": "The called service ran at a fixed concurrency, its requests back to back: give it more"
     " workers or replicas, or cap the callers' concurrency at what it serves.",
 }
-#: An inferred queue (no span measured it) is believed this much less than a measured one.
-INFERRED_CONFIDENCE = 0.6
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,14 +140,12 @@ class RequestQueueing(Rule):
         evidence["example_request_ids"] = analysis.example_request_ids(QUEUE)
         inferred = [s for _, s in analysis.segments(QUEUE) if s.attrs.get(INFERRED)]
         if inferred:
-            evidence.update(
-                inferred=True,
-                inferred_from=inferred[0].attrs.get(INFERRED_FROM),
-                inferred_share_of_queue_segments=round(len(inferred) / len(analysis.segments(QUEUE)), 4),
-                services_at_fixed_concurrency=sorted(
+            evidence.update(Inference(str(inferred[0].attrs.get(INFERRED_FROM) or "the traces' shape"), {
+                "inferred_share_of_queue_segments": round(len(inferred) / len(analysis.segments(QUEUE)), 4),
+                "services_at_fixed_concurrency": sorted(
                     {f"{s.attrs.get(INFERRED_SERVICE) or '?'} ({s.attrs.get(INFERRED_CONCURRENCY)} at a time)" for s in inferred}
                 ),
-            )
+            }).evidence())  # fmt: skip
 
         top_source = ranked[0][0] if ranked else ""
         where = _SOURCE_PHRASES.get(top_source, f"'{top_source}'") if top_source else ""

@@ -43,6 +43,11 @@ _time_ns = time.time_ns
 get_running_loop: Callable[[], Any] = lambda: None
 
 
+def loop_monitor() -> asyncio_loop.LoopMonitor | None:
+    """The monitor of the running event loop (None: no loop, or one the hooks do not watch)."""
+    return asyncio_loop.monitor(get_running_loop())
+
+
 def load() -> None:
     """Bind `get_running_loop` and the TCP_INFO constants; idempotent."""
     global get_running_loop

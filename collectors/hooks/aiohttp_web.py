@@ -65,8 +65,7 @@ uninstall = scaffold.uninstall
 
 
 def _track(handler: Any, web_request: Any, coro: Any, weight: int) -> Any:
-    monitor = asyncio_loop.monitor(_async_request.get_running_loop())
-    if monitor is None:
+    if (monitor := _async_request.loop_monitor()) is None:
         return coro
     read_ns = runtime.now_ns()
     arrival_ns = _arrival(getattr(handler, "transport", None), read_ns, monitor)

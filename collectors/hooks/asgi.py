@@ -190,8 +190,7 @@ uninstall = scaffold.uninstall
 
 def _track(cycle: Any, coro: Any, weight: int = 1) -> Any:
     """Wrap the coroutine of the request uvicorn just parsed (called on the loop, in data_received)."""
-    monitor = asyncio_loop.monitor(_async_request.get_running_loop())
-    if monitor is None:
+    if (monitor := _async_request.loop_monitor()) is None:
         return coro
     read_ns = _time_ns()
     arrival_ns = _socket_arrival(cycle, read_ns, monitor)

@@ -1,4 +1,15 @@
-"""Infer from traces what stock instrumentation does not record: pool waits and queues seen only as gaps.
+"""What latprof concludes rather than measures, for every source, in one shape (`Inference`);
+and from traces, what stock instrumentation does not record: pool waits and queues seen only as gaps.
+
+**The shape.** A conclusion no span, hook or sample measured directly is a finding whose
+evidence carries `inferred: true`, `inferred_from` (what it was read from, in words) and the
+inference's own numbers (`Inference.evidence`). Its confidence is the finding's: a rule that
+also sees the measured kind scales an inferred one by `INFERRED_CONFIDENCE`, and the verdict
+that names an inferred finding's layer is no surer than that finding and says it was inferred
+(`latprof.report.verdict`). Today: pool waits and queues inferred from traces (below), and a
+pool inferred on an asyncio server from the socket census (`latprof.attach.analysis`).
+
+**From traces.**
 
 psycopg_pool, asyncpg and most drivers emit a span per statement but none for the pool
 checkout, so a request that waits for a connection shows an uncovered gap right before its
@@ -18,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from latprof.analysis.requests import NS_PER_MS, cohorts
 from latprof.events import Segment
@@ -26,6 +37,31 @@ from latprof.layers import DB_POOL, DB_QUERY, QUEUE
 from latprof.semconv import QUEUE_SOURCE
 from latprof.analysis.timeline import RequestTimeline, Timeline
 from latprof.collectors.traces.tracemap import SERVICE_NAME, SPAN_KIND
+
+#: A conclusion that was inferred is believed this much less than the same one measured.
+INFERRED_CONFIDENCE = 0.6
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inference:
+    """A conclusion drawn rather than measured: what it was read from, and its own numbers."""
+
+    inferred_from: str
+    details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def evidence(self) -> dict[str, Any]:
+        """The finding evidence that says so: `inferred`, `inferred_from`, then the details."""
+        return {"inferred": True, "inferred_from": self.inferred_from, **self.details}
+
+    @staticmethod
+    def of(evidence: Mapping[str, Any]) -> Inference | None:
+        """The inference a finding's evidence holds, or None when the finding was measured."""
+        if not evidence.get("inferred"):
+            return None
+        where = evidence.get("inferred_from")
+        details = {k: v for k, v in evidence.items() if k not in ("inferred", "inferred_from")}
+        return Inference(where if isinstance(where, str) and where else "the shape of the data", details)
+
 
 #: bool on a segment that no span measured: the analysis inferred it from the traces' shape.
 INFERRED = "latprof.inferred"

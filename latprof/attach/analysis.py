@@ -15,7 +15,7 @@ Sampling from outside sees no requests, so:
 - **Shares** are each layer's time over busy time plus queue time (`share_of_tail_excess`
   carries it; `p50_ms`/`p99_ms` are null, `tail_excess_ms` is the layer's seconds per second
   of capture, in ms).
-- **Verdict** (`attach_verdict`): a pool or a lock workers wait in for at least
+- **Verdict** (`latprof.report.verdict`, for every source): a pool or a lock workers wait in for at least
   `MIN_VERDICT_SHARE` of their busy time is saturated itself, and named. Otherwise the workers
   are **saturated** when idle less than `MAX_IDLE_SHARE` of their samples, or when a backlog
   stood in at least `MIN_BACKLOG_SECONDS_SHARE` of the seconds: then `queue` (a backlog holding at
@@ -36,6 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from latprof.analysis.inference import Inference
 from latprof.engine import Finding, Rule, run_rules
 from latprof.events import StackSample
 from latprof.attach.wire import (
@@ -50,10 +51,13 @@ from latprof.attach.wire import (
     wire_state,
 )
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
-from latprof.report.model import LayerRow, Report, Verdict, WindowRow
+from latprof.report.model import LayerRow, Report, WindowRow
+from latprof.report.verdict import decide_verdict
 from latprof.collectors.attach.stacks import BUSY, IDLE, Classification, classify_sample, event_loop_thread, has_frame, own_frame
 from latprof.analysis.timeline import Timeline
 
+#: What an inferred pool on an asyncio server is inferred from (`evidence.inferred_from`).
+SOURCE_CENSUS = "the socket census (a stable ceiling of connections to the database while requests waited)"
 #: Workers idle less than this share of their samples are all busy.
 MAX_IDLE_SHARE = 0.1
 #: A backlog in at least this share of the seconds is a queue in front of the workers.
@@ -353,7 +357,7 @@ def loop_held(aa: AttachAnalysis, *, min_busy_share: float = LOOP_SATURATED_SHAR
     return aa.loop is not None and aa.loop.held_at(min_busy_share, min_blocked_share)
 
 
-def _loop_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
+def loop_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
     """What the samples say of a held loop: (summary, evidence, confidence)."""
     loop = aa.loop
     assert loop is not None
@@ -386,7 +390,7 @@ def loop_findings(rule: Rule, aa: AttachAnalysis, *, min_busy_share: float, min_
     """A held event loop (`loop_held` at these thresholds): its busy share, blocked intervals and the stacks that held it."""
     if aa.loop is None or not loop_held(aa, min_busy_share=min_busy_share, min_blocked_share=min_blocked_share):
         return []
-    summary, evidence, confidence = _loop_statement(aa)
+    summary, evidence, confidence = loop_statement(aa)
     busy = aa.loop.busy_share or 0.0
     return [rule.finding(
         severity="critical" if busy >= 0.5 else "warning", confidence=confidence, impact_ms=round(busy * 1000, 1),
@@ -407,7 +411,7 @@ def wire_pool_inferred(aa: AttachAnalysis) -> bool:
     return aa.wire is not None and aa.wire.pool_inferred and not (aa.loop is not None and aa.loop.held)
 
 
-def _wire_pool_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
+def wire_pool_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
     """What the census (and pg_stat_activity) say of an inferred pool: (summary, evidence, confidence)."""
     wire, pg = aa.wire, aa.backends
     assert wire is not None
@@ -419,7 +423,7 @@ def _wire_pool_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float
         f" were awaiting other endpoints and {wire.at_db_mean():.1f} the database: about {wire.waiting_mean:.0f} waited inside the process on nothing the wire shows, most likely for"
         " one of those connections"
     )  # fmt: skip
-    evidence: dict[str, Any] = {**wire.evidence(), "inferred": True, "share_of_request_time": round(aa.share(DB_POOL), 4)}
+    evidence = Inference(SOURCE_CENSUS, {**wire.evidence(), "share_of_request_time": round(aa.share(DB_POOL), 4)}).evidence()
     confidence = 0.5
     if pg is not None and pg.readings:
         evidence["pg_stat_activity"] = pg.evidence()
@@ -443,48 +447,12 @@ def wire_pool_findings(rule: Rule, aa: AttachAnalysis) -> list[Finding]:
     with the database's view of those connections when `--db` was given (`wire_pool_inferred`)."""
     if not wire_pool_inferred(aa):
         return []
-    summary, evidence, confidence = _wire_pool_statement(aa)
+    summary, evidence, confidence = wire_pool_statement(aa)
     return [rule.finding(
         severity="critical" if aa.share(DB_POOL) >= 0.5 else "warning", confidence=confidence,
         impact_ms=round(_per_second_ms(aa, DB_POOL), 1), summary=summary, evidence=evidence, fix=fix_of(rule),
         subject="attach", layer=DB_POOL,
     )]  # fmt: skip
-
-
-def _rule_of(layer: str, findings: Sequence[Finding]) -> str | None:
-    """The rule of the highest-impact finding on `layer` (the verdict's `rule`), or None."""
-    return next((f.rule for f in findings if f.layer == layer), None)
-
-
-def _async_verdict(aa: AttachAnalysis, findings: Sequence[Finding], where: str) -> Verdict | None:
-    """An asyncio server's verdict (None: decide as for a threaded one): a held loop, a pool the
-    census (and pg_stat_activity) points at, requests waiting on nothing visible (unattributed),
-    or null. Measured, as the threaded verdict is: the findings name its rule."""
-    if aa.loop is None:
-        return None
-    if loop_held(aa):
-        summary, _, confidence = _loop_statement(aa)
-        return Verdict(EVENT_LOOP, _rule_of(EVENT_LOOP, findings), round(aa.share(EVENT_LOOP), 4) if aa.asyncio else None,
-                       confidence, summary, "layer")  # fmt: skip
-    wire = aa.wire
-    if wire is None:  # no census (or a threaded server beside the loop): the stack-based view decides
-        return None
-    if wire_pool_inferred(aa):
-        summary, _, confidence = _wire_pool_statement(aa)
-        return Verdict(DB_POOL, _rule_of(DB_POOL, findings), round(aa.share(DB_POOL), 4), confidence, summary, "layer")
-    total = sum(wire.in_flight.values())
-    if wire.saturated:
-        return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
-                       f"{wire.in_flight_mean:.0f} requests were in flight on average and about {wire.waiting_mean:.0f} of"
-                       f" them (waiting {wire.in_flight_age_ms:.0f} ms so far, the median) waited inside the process on nothing visible from outside (not the loop, which was free,"
-                       " and not a stable ceiling of DB connections): an asyncio service's suspended tasks leave no"
-                       " stack. Run it under `latprof run` so in-process hooks time each request's pool waits, locks and"
-                       f" calls. Request time: {where}.", "unattributed")  # fmt: skip
-    return Verdict(None, None, None, 1.0 if total else 0.0,
-                   f"Not saturated: the event loop was free {1 - (aa.loop.busy_share or 0):.0%} of the time and"
-                   f" {wire.in_flight_mean:.1f} requests were in flight on average, waiting on the wire"
-                   f" ({wire.outstanding_mean():.1f} at outbound endpoints); request time went to {where}.",
-                   "no_tail")  # fmt: skip
 
 
 #: Layers in which busy workers wait for something the service itself limits: when one of them
@@ -495,54 +463,6 @@ WAITING = (DB_POOL, HTTP_POOL, LOCK, RETRY)
 def busy_share(aa: AttachAnalysis, layer: str) -> float:
     busy = sum(aa.busy_s.values())
     return aa.busy_s.get(layer, 0.0) / busy if busy > 0 else 0.0
-
-
-def attach_verdict(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
-    """report-v1 attach mode: the layer that saturates the service, or null, or unattributed.
-
-    A waiting layer (`WAITING`) holding at least `MIN_VERDICT_SHARE` of busy worker time is
-    the verdict whether or not every worker was busy: the pool or lock behind it is what is
-    saturated (and a backlog in front of workers waiting for it is its doing). Otherwise, when
-    the workers are saturated: `queue` when a backlog stood, else `app` when workers mostly ran
-    Python, else `unattributed` (the cause is not visible); not saturated: null.
-    """
-    ranked = sorted(((aa.share(layer), layer) for layer in LAYERS if aa.share(layer) > 0), reverse=True)
-    where = ", ".join(f"{layer} {share:.0%}" for share, layer in ranked[:3]) or "nothing was sampled"
-    waiting = max(((busy_share(aa, layer), layer) for layer in WAITING), default=(0.0, ""))
-    if waiting[0] < MIN_VERDICT_SHARE:  # no pool or lock that sync workers wait in: an asyncio server decides its own way
-        decided = _async_verdict(aa, findings, where)
-        if decided is not None:
-            return decided
-    layer = None
-    if waiting[0] >= MIN_VERDICT_SHARE:  # workers queue for a pool or a lock: that resource is saturated
-        layer = waiting[1]
-    elif not aa.saturated:
-        return Verdict(None, None, None, 1.0 if ranked else 0.0,
-                       f"Not saturated: workers were idle {aa.idle_share or 0:.0%} of the time and no backlog stood;"
-                       f" busy time went to {where}.", "no_tail")  # fmt: skip
-    elif aa.backlog_seconds_share >= MIN_BACKLOG_SECONDS_SHARE and aa.share(QUEUE) >= MIN_VERDICT_SHARE:
-        layer = QUEUE  # a backlog that holds a real share of request time; a brief one behind busy CPUs is not the cause
-    elif busy_share(aa, APP) >= 0.5:
-        layer = APP
-    elif aa.busy_s and max(aa.busy_s, key=lambda k: aa.busy_s[k]) != UNATTRIBUTED:
-        top = max(aa.busy_s, key=lambda k: aa.busy_s[k])
-        return Verdict(None, None, None, 0.5,
-                       f"Every worker was busy, mostly in {top} ({busy_share(aa, top):.0%} of busy time), with no backlog"
-                       f" and no pool or lock wait: the service is at its capacity doing its job; add workers, or make"
-                       f" the handlers async so a worker is not tied up while it waits. Busy time: {where}.",
-                       "no_tail")  # fmt: skip
-    if layer is None:
-        return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
-                       f"Saturated, but the cause is not visible from outside (busy time: {where}); run the service"
-                       " under `latprof run` so in-process hooks time each request.", "unattributed")  # fmt: skip
-    finding = next((f for f in findings if f.layer == layer), None)
-    summary = f"Saturated: {layer} holds {aa.share(layer):.0%} of busy worker time plus queue time"
-    if finding is not None:
-        summary = finding.summary.rstrip(".")
-    if layer != QUEUE and aa.share(QUEUE) > 0.05:
-        summary += f"; requests also queued in the accept backlog meanwhile ({aa.share(QUEUE):.0%}), behind the workers it held"
-    confidence = busy_share(aa, layer) if layer in (*WAITING, APP) else aa.share(layer)
-    return Verdict(layer, finding.rule if finding else None, round(aa.share(layer), 4), round(confidence, 3), summary + ".", "layer")
 
 
 def build_attach_report(aa: AttachAnalysis, findings: Sequence[Finding]) -> Report:
@@ -582,7 +502,7 @@ def build_attach_report(aa: AttachAnalysis, findings: Sequence[Finding]) -> Repo
         },
         latency_ms=None,
         layers=layers,
-        verdict=attach_verdict(aa, findings),
+        verdict=decide_verdict(aa, findings),
         findings=list(findings),
         p99_over_time=[
             WindowRow(float(row["second"]), None if row["accepted"] is None else int(row["accepted"]), None, second_extra(row))

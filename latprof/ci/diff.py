@@ -54,7 +54,8 @@ from latprof.engine import Finding, fmt_ms
 from latprof.errors import InputError
 from latprof.layers import LAYERS
 from latprof.report.model import SCHEMA as REPORT_SCHEMA
-from latprof.report.model import LayerRow, Report, Verdict, WindowRow
+from latprof.report.model import LayerRow, Report, WindowRow
+from latprof.report.verdict import Verdict
 
 if TYPE_CHECKING:
     from latprof.pipeline import Diagnosis

@@ -7,7 +7,8 @@ import dataclasses
 from attach.sampled import LOCKED, analysed, ids
 
 from latprof.attach import analysis as attach_analysis
-from latprof.attach.analysis import attach_verdict, build_attach_report
+from latprof.attach.analysis import build_attach_report
+from latprof.report.verdict import decide_verdict
 from latprof.attach.wire import LOOP_BLOCKED_SHARE, LOOP_SATURATED_SHARE
 from latprof.ci.config import RuleSettings
 from latprof.engine import Rule, all_rules, configured, discover_rules, run_rules
@@ -57,7 +58,7 @@ def test_a_lock_workers_wait_in_is_the_lock_rules_finding_and_the_verdict():
     lock = findings[0]
     assert lock.layer == LOCK and lock.evidence["share_of_busy_time"] == 0.6
     assert lock.summary == f"60% of busy worker time plus queue time was spent blocked on locks; mostly at {LOCKED.function} ({LOCKED.filename})."
-    verdict = attach_verdict(aa, findings)
+    verdict = decide_verdict(aa, findings)
     assert (verdict.layer, verdict.rule, verdict.summary, verdict.status) == (LOCK, "lock-contention", lock.summary, "layer")
 
 
@@ -67,7 +68,7 @@ def test_the_config_disables_a_rule_or_moves_its_threshold_and_the_verdict_stays
     off = configured(classes, {"lock-contention": RuleSettings(enabled=False)})
     findings = run_rules(aa, off)
     assert ids(findings) == ["cpu-bound"]
-    verdict = attach_verdict(aa, findings)  # workers still wait in the lock: the verdict names it, with no rule
+    verdict = decide_verdict(aa, findings)  # workers still wait in the lock: the verdict names it, with no rule
     assert (verdict.layer, verdict.rule) == (LOCK, None)
     assert verdict.summary == "Saturated: lock holds 60% of busy worker time plus queue time."
     raised = configured(classes, {"lock-contention": RuleSettings(thresholds={"attach_min_share": 0.61}),
@@ -112,13 +113,13 @@ def test_a_held_event_loop_is_the_verdict_whether_or_not_its_rule_is_enabled():
     assert (finding.rule, finding.layer) == ("event-loop-blocked", "event_loop")
     assert finding.evidence["loop_busy_share"] == 0.8 and finding.evidence["held_by"] == {"wchan.sleep": 240}
     assert finding.summary.startswith("The event loop was held 80% of the time, mostly at block (/srv/app/async_app.py)")
-    verdict = attach_verdict(aa, [finding])
+    verdict = decide_verdict(aa, [finding])
     assert (verdict.layer, verdict.rule, verdict.summary, verdict.confidence) == (
         "event_loop", "event-loop-blocked", finding.summary, finding.confidence)
     classes = all_rules()
     off = run_rules(aa, configured(classes, {"event-loop-blocked": RuleSettings(enabled=False)}))
     assert off == []
-    assert attach_verdict(aa, off) == dataclasses.replace(verdict, rule=None)  # measured: only its rule goes
+    assert decide_verdict(aa, off) == dataclasses.replace(verdict, rule=None)  # measured: only its rule goes
     unheld = configured(classes, {"event-loop-blocked": RuleSettings(thresholds={"attach_min_loop_busy_share": 0.81})})
     assert run_rules(aa, unheld) == []
     lowered = configured(classes, {"event-loop-blocked": RuleSettings(thresholds={"attach_min_loop_busy_share": 0.8})})
@@ -135,11 +136,11 @@ def test_a_brief_backlog_behind_busy_cpus_leaves_the_verdict_to_the_cpu():
     assert 0 < brief.share("queue") < attach_analysis.MIN_VERDICT_SHARE
     findings = run_rules(brief, default_rules())
     assert ids(findings) == ["cpu-bound"]
-    verdict = attach_verdict(brief, findings)
+    verdict = decide_verdict(brief, findings)
     assert (verdict.layer, verdict.rule) == ("app", "cpu-bound"), verdict
     # A backlog that holds a real share of request time is the queue, with its rule.
     standing = analysed({"cpu": 1.0}, backlog=[4, 5, 4], accept_rate=20)
     assert standing.share("queue") >= attach_analysis.MIN_VERDICT_SHARE
     findings = run_rules(standing, default_rules())
-    verdict = attach_verdict(standing, findings)
+    verdict = decide_verdict(standing, findings)
     assert (verdict.layer, verdict.rule) == ("queue", "request-queueing"), (verdict, ids(findings))

@@ -7,7 +7,8 @@ from timelines import analysed, population, req, seg
 
 from latprof.analysis.requests import DEFAULT_MIN_TAIL_EXCESS_MS
 from latprof.engine import Finding, fingerprint
-from latprof.report.model import build_report, decide_verdict
+from latprof.report.model import build_report
+from latprof.report.verdict import decide_verdict
 
 TYPICAL = [("db.query", 20), ("provider", 400), ("model", 200)]
 

@@ -9,7 +9,7 @@ import pytest
 from attach.sampled import CPU, analysed, ids
 from timelines import analysed as analysed_requests, population
 
-from latprof.attach.analysis import attach_verdict
+from latprof.report.verdict import decide_verdict
 from latprof.engine import run_rules
 from latprof.layers import APP
 from latprof.rules.cpu_bound import CpuBound, Thresholds
@@ -31,7 +31,7 @@ def test_workers_running_python_most_of_their_busy_time_give_a_finding_at_the_ho
     assert finding.confidence == 1.0
     assert finding.fix == " ".join(CpuBound.docs()["How to fix"].split())
     # the verdict is the app layer, and names this rule
-    verdict = attach_verdict(aa, [finding])
+    verdict = decide_verdict(aa, [finding])
     assert (verdict.layer, verdict.rule, verdict.summary) == (APP, "cpu-bound", finding.summary)
 
 

@@ -94,7 +94,7 @@ def test_fires_without_a_tail_when_every_request_waits_for_the_lock():
 
 
 def test_the_verdict_stays_null_without_a_tail_and_names_the_lock_as_typical():
-    from latprof.report.model import decide_verdict
+    from latprof.report.verdict import decide_verdict
 
     analysis = analysed(line_up())
     verdict = decide_verdict(analysis, list(LockContention().check(analysis)))
