@@ -15,7 +15,7 @@ nox.options.sessions = ["hooks_legacy"]
 
 @nox.session
 def hooks_legacy(session: nox.Session) -> None:
-    session.install("-e", ".[test]", "openai>=2,<3", "sqlalchemy>=2.0,<2.1", "psycopg-pool>=3.2,<3.3", "asyncpg>=0.29,<0.30", "redis>=5,<6")
+    session.install("-e", ".[test]", "-c", "tests/constraints.txt", "openai>=2,<3", "sqlalchemy>=2.0,<2.1", "psycopg-pool>=3.2,<3.3", "asyncpg>=0.29,<0.30", "redis>=5,<6")
     session.run(
         "python",
         "-c",

@@ -20,7 +20,7 @@ REGENERATE_RULES = "python -m latprof rules --format markdown > docs/rules.md"
 README_MAX_LINES = 200
 #: `.ci/run` runs the line two lines after this marker (the line after it opens the fence).
 TEST_COMMAND_MARKER = "<!-- test-command -->"
-TEST_COMMAND = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test,test-agents-sdk]' && python -m pytest"
+TEST_COMMAND = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test,test-agents-sdk]' -c tests/constraints.txt && python -m pytest"
 FAST_SUBSET = 'python -m pytest -m "not slow"'
 
 #: Text that points at files outside this repository (the notes it was written from).

@@ -173,7 +173,7 @@ _T = _scaffold.Target
 scaffold = _scaffold.Hook(HOOK, [
     *(
         _scaffold.Library(name, [_T(name, "RequestResponseCycle", "run_asgi")], _patch_uvicorn,
-                          [_scaffold.Tested("uvicorn", "0.54", "0.54")])
+                          [_scaffold.Tested("uvicorn", "0.54", "0.55")])
         for name in UVICORN_PROTOCOLS
     ),
     _scaffold.Library("anyio.to_thread", [_T("anyio.to_thread", "", "run_sync", True)], _patch_to_thread,

@@ -182,18 +182,19 @@ def _libraries() -> list[_scaffold.Library]:
     """Each family's core and client, patched (or off) each on its own, in the lines they are tested on."""
     T = _scaffold.Target
     out = []
-    for family, core_line, client_line in zip(FAMILIES, ("1.0", "2.16"), ("0.28", "2.16")):
+    # (oldest, newest) tested line of each family's core and client
+    for family, core_lines, client_lines in zip(FAMILIES, (("1.0", "1.0"), ("2.16", "2.16")), (("0.28", "0.29"), ("2.16", "2.16"))):
         sync, asynchronous = f"{family.core}._sync.connection_pool", f"{family.core}._async.connection_pool"
         out.append(_scaffold.Library(family.core, [
             T(sync, "ConnectionPool", "handle_request", False),
             T(sync, "PoolRequest", "wait_for_connection", False),
             T(asynchronous, "AsyncConnectionPool", "handle_async_request", True),
             T(asynchronous, "AsyncPoolRequest", "wait_for_connection", True),
-        ], _core_patcher(family), [_scaffold.Tested(family.core, core_line, core_line)]))  # fmt: skip
+        ], _core_patcher(family), [_scaffold.Tested(family.core, *core_lines)]))  # fmt: skip
         out.append(_scaffold.Library(family.client, [
             T(family.client, "Client", "send", False),
             T(family.client, "AsyncClient", "send", True),
-        ], _client_patcher(family), [_scaffold.Tested(family.client, client_line, client_line)]))  # fmt: skip
+        ], _client_patcher(family), [_scaffold.Tested(family.client, *client_lines)]))  # fmt: skip
     return out
 
 
