@@ -80,13 +80,15 @@ def run_configured(
     rule_classes: Sequence[type[Rule]],
     *,
     warmup_s: float | None = None,
+    source_kind: str | None = None,
 ) -> Diagnosis:
     """`run_diagnosis` as the config says: its enabled rules with their thresholds, its
     `min_tail_excess_ms`, and its `skip_warmup_s` unless `warmup_s` is given (else the default)."""
     if warmup_s is None:
         warmup_s = config.skip_warmup_s if config.skip_warmup_s is not None else DEFAULT_WARMUP_S
     floor = config.min_tail_excess_ms if config.min_tail_excess_ms is not None else DEFAULT_MIN_TAIL_EXCESS_MS
-    return run_diagnosis(paths, warmup_s=warmup_s, rules=configured(rule_classes, config.rules), min_tail_excess_ms=floor)
+    return run_diagnosis(paths, warmup_s=warmup_s, rules=configured(rule_classes, config.rules), min_tail_excess_ms=floor,
+                         source_kind=source_kind)  # fmt: skip
 
 
 def diagnose(

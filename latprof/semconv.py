@@ -122,5 +122,11 @@ NOTE_HOOK_OFF: Final = "hook_off"
 #: A hook patched a library version outside the lines it is tested on (attrs `collector`,
 #: `library`, `versions`, `untested`).
 NOTE_UNTESTED_VERSION: Final = "untested_version"
+#: A hook saw traffic: written by each process the first time the hook records something
+#: (attrs `collector`). The report's `collection.collectors` lists these hooks, not every one loaded.
+NOTE_HOOK_ACTIVE: Final = "hook_active"
+#: bool in a `hooks_loaded` record: its process writes `hook_active` records (captures made
+#: before they existed list every loaded hook instead).
+NOTES_ACTIVITY: Final = "notes_activity"
 #: attrs `cpu_percent` and `added_ms_per_request`: what collection cost the observed process.
 NOTE_OVERHEAD: Final = "overhead"

@@ -63,3 +63,24 @@ def assert_valid(report: Mapping[str, Any]) -> None:
     """For the JSON a `latprof` subprocess printed: fail with each way it breaks the schema."""
     errors = schema_errors(report)
     assert not errors, "a report does not match docs/report-v1.schema.json:\n  " + "\n  ".join(errors)
+
+
+def printed_report(stdout: object) -> dict | None:
+    """The report-v1 JSON object a `latprof` command printed (alone, or after a service's own lines), or None."""
+    text = stdout.decode("utf-8", "replace") if isinstance(stdout, bytes) else stdout
+    if not isinstance(text, str) or '"latprof.report/1"' not in text:
+        return None
+    start = 0 if text.startswith("{") else text.find("\n{") + 1
+    while start > 0 or text.startswith("{"):
+        try:
+            found = json.loads(text[start:])
+        except ValueError:
+            pass
+        else:
+            if isinstance(found, dict) and found.get("schema") == "latprof.report/1":
+                return found
+        following = text.find("\n{", start)
+        if following < 0:
+            return None
+        start = following + 1
+    return None

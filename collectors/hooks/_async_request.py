@@ -154,6 +154,7 @@ def begin(request: Request) -> None:
         asyncio_loop.adopt(request)
         attrs = {SAMPLE_WEIGHT: request.weight} if request.weight > 1 else None
         request.token, request.state = runtime.open_request(PENDING_ROUTE, min(start_ns, handler_ns), attrs)
+        runtime.saw(request.hook)
     except Exception as exc:
         request.finished = request.done = True
         request.monitor.request_finished()

@@ -161,6 +161,7 @@ class Exchange(_llm.LlmCall):
     def __init__(self, state: runtime.RequestState, request: Any, hook: str) -> None:
         self.start_ns = self.last_ns = _now()
         self.hook = hook  # the hook that saw the call: its errors are counted for it
+        runtime.saw(hook)
         self.state = state
         self.parent_id: str | None = _parent_var.get()
         self.segment_id = runtime.new_id()
@@ -492,6 +493,7 @@ def plain_done(
 ) -> None:
     """The usual call returned `response` (or raised `error`): record it."""
     target, depends, parent, segment_id = plain
+    runtime.saw(hook)
     try:
         if error is None and not response.is_closed:  # not read after all: watch it like a stream
             exchange = Exchange(state, request, hook)

@@ -115,6 +115,7 @@ def _end(call: _Call, result: Any, error: BaseException | str | None) -> None:
         runtime.record(f"execute_tool {attrs[GEN_AI_TOOL_NAME]}", TOOL, call.start_ns, end, attrs,
                        parent_id=call.parent if call.parent is not None else runtime.ROOT,
                        segment_id=call.segment_id, state=call.state, copy_attrs=False)
+        runtime.saw(HOOK)
         if error is None and result is not None:
             _tools.keep(call.state, call.segment_id, _as_bytes(result))
     except Exception as exc:

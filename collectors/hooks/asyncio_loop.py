@@ -434,6 +434,7 @@ def monitor(loop: Any) -> LoopMonitor | None:
         try:
             known = _monitors.get(loop)
             mon = known if known is not None else LoopMonitor(loop)
+            runtime.saw(HOOK)
             if known is None:
                 _monitors[loop] = mon
             _last = (weakref.ref(loop), mon)

@@ -580,6 +580,7 @@ def _end_statement(
             attrs = _pools.statement_attrs(SYSTEM, *known)
             attrs[ERROR_TYPE] = type(error).__qualname__
         _record(known[0], DB_QUERY, start, end, attrs, state=request, copy_attrs=False)
+        runtime.saw(HOOK)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 

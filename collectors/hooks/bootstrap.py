@@ -27,7 +27,7 @@ from latprof.collectors.hooks import (
     wsgi,
 )
 from latprof.events import QualityRecord
-from latprof.semconv import NOTE_HOOKS_LOADED
+from latprof.semconv import NOTE_HOOKS_LOADED, NOTES_ACTIVITY
 
 #: Every hook by the name `--hooks` knows it by: a module whose `scaffold` (`_scaffold.Hook`)
 #: says what it patches in which library versions, with an `install()` that patches each library
@@ -84,7 +84,7 @@ def install_from_environment(environ: Mapping[str, str] = os.environ) -> list[st
             runtime.pid(),
             ", ".join(installed) or "no hooks",
             1,
-            {"collectors": installed, "executable": sys.executable, "max_rate": max_rate},
+            {"collectors": installed, "executable": sys.executable, "max_rate": max_rate, NOTES_ACTIVITY: True},
         )
     )
     return installed
@@ -119,6 +119,7 @@ def _announce_after_fork() -> None:
                     "executable": sys.executable,
                     "forked": True,
                     "max_rate": runtime.sampler.max_rate,
+                    NOTES_ACTIVITY: True,
                 },
             )
         )

@@ -102,6 +102,7 @@ def _note_wait(kind: str, site: str | Callable[[], str], start_ns: int, end_ns: 
         _recording.active = True
         where = site() if callable(site) else site
         runtime.record(SEGMENT, LOCK, start_ns, end_ns, {LOCK_KIND: kind, LOCK_SITE: where})
+        runtime.saw(HOOK)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
     finally:

@@ -192,6 +192,7 @@ class _Call(_llm.LlmCall):
             name = f"{OPERATION} {model}" if model else OPERATION
             parent = self.parent_id if self.parent_id is not None else runtime.ROOT  # not the reading code's parent
             self.record(self.state, parent, name, attrs, self.start_ns, end, streamed=self.stream, segment_id=self.provider_id)
+            runtime.saw(HOOK)
             if self.span is not None:
                 _end_span(self, attrs, end, error)
         except Exception as exc:
@@ -516,6 +517,7 @@ def _record_retry(start: int, kwargs: dict[str, Any]) -> None:
         if isinstance(retries_taken, int):
             attrs[RESEND_COUNT] = retries_taken + 1
         runtime.record(RETRY_SEGMENT, RETRY, start, _now(), attrs)
+        runtime.saw(HOOK)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 

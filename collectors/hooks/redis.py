@@ -908,5 +908,6 @@ def _end_command(
                     _query_attrs.clear()
                 _query_attrs[name] = attrs
         _record(name, DB_QUERY, command[0], end, attrs, state=command[1], copy_attrs=False)
+        runtime.saw(HOOK)
     except Exception as exc:
         runtime.count_error(HOOK, exc)

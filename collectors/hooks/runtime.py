@@ -88,11 +88,15 @@ _errors_reported_at: dict[str, float] = {}
 _errors_lock = threading.RLock()
 
 
+_seen: set[str] = set()  # hooks that have recorded something in this process (`saw`)
+
+
 def _reset_ids() -> None:
     global _pid, _id_prefix, _ids
     _pid = os.getpid()
     _id_prefix = os.urandom(4).hex()
     _ids = itertools.count(1)
+    _seen.clear()  # a forked worker says for itself which hooks see its traffic
 
 
 _reset_ids()
@@ -105,6 +109,7 @@ os.register_at_fork(after_in_child=_reset_ids)
 def start(writer: Any) -> None:
     """Send every event from now on to `writer` (a `CaptureWriter`)."""
     global _writer
+    _seen.clear()  # a new capture notes again which hooks see traffic
     _writer = writer
 
 
@@ -124,6 +129,15 @@ def emit(event: Event) -> None:
     writer = _writer
     if writer is not None:
         writer.emit(event)
+
+
+def saw(hook: str) -> None:
+    """`hook` is recording traffic: the first time in this process, write a `hook_active` record
+    (the report lists the hooks that saw traffic, not every hook that loaded). Cheap after that."""
+    if hook in _seen or _writer is None:
+        return
+    _seen.add(hook)
+    emit(QualityRecord(semconv.NOTE_HOOK_ACTIVE, now_ns(), _pid, f"{hook} recorded its first event", 1, {"collector": hook}))
 
 
 # --- which requests to record ------------------------------------------------------------------

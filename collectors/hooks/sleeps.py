@@ -80,6 +80,7 @@ def _record(start: int, end: int, library: str | None) -> None:
             runtime.record(SLEEP_SEGMENT, RETRY, start, end, {RETRY_LIBRARY: library})
         else:
             runtime.record(SLEEP_SEGMENT, None, start, end)
+        runtime.saw(HOOK)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 

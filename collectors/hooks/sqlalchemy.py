@@ -493,6 +493,7 @@ def _end_statement(
             attrs = dict(attrs)
             attrs[ERROR_TYPE] = type(error).__qualname__
         _record(name, DB_QUERY, start, end, attrs, state=request, copy_attrs=False)
+        runtime.saw(HOOK)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 

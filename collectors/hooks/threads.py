@@ -82,6 +82,7 @@ def _make_submit(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, fn, *args, **kwargs)
         try:
             task = _Task(fn, state, _parent_var.get(), self)
+            runtime.saw(HOOK)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
             return original(self, fn, *args, **kwargs)
@@ -152,6 +153,7 @@ def _make_start(original: Callable[[Any], None]) -> Callable[[Any], None]:
             try:
                 if type(self).run is threading.Thread.run:  # else our `run` never runs: carry nothing
                     setattr(self, _CARRIED, (state, _parent_var.get()))
+                    runtime.saw(HOOK)
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
         return original(self)

@@ -183,6 +183,7 @@ def _open(environ: Any, weight: int, threaded: bool) -> _Request | None:
     start_ns = header_ns if header_ns is not None else arrival
     attrs = {SAMPLE_WEIGHT: weight} if weight > 1 else None
     token, state = runtime.open_request(f"{environ.get('REQUEST_METHOD') or 'GET'} {NO_ROUTE}", start_ns, attrs)
+    runtime.saw(HOOK)
     request = _Request(token, state, threading.get_ident(), _thread_time_ns())
     if header_ns is not None and header_ns < arrival:
         _segment(state, BEHIND_THE_PROXY, header_ns, arrival, "header")

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 
 from latprof.capture.reader import CaptureData
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
-from latprof.semconv import NOTE_HOOKS_LOADED
+from latprof.semconv import NOTE_HOOK_ACTIVE, NOTE_HOOKS_LOADED, NOTES_ACTIVITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +39,23 @@ class Timeline:
 
     @property
     def collectors(self) -> list[str]:
-        """Collectors that said they loaded (from "hooks loaded" records and headers)."""
-        names: list[str] = []
+        """Collectors that saw traffic: the hooks that recorded something ("hook active" records),
+        in the order they loaded, then the collectors the headers name (attach, trace readers).
+
+        A process whose "hooks loaded" record predates the "hook active" records (an older
+        capture) counts every hook it loaded."""
+        loaded: list[str] = []
+        active: set[str] = set()
         for record in self.quality:
             if record.kind == NOTE_HOOKS_LOADED:
-                for name in record.attrs.get("collectors", ()):
-                    if name not in names:
-                        names.append(str(name))
+                new = [str(name) for name in record.attrs.get("collectors", ()) if str(name) not in loaded]
+                loaded.extend(new)
+                if not record.attrs.get(NOTES_ACTIVITY):
+                    active.update(record.attrs.get("collectors", ()))
+            elif record.kind == NOTE_HOOK_ACTIVE:
+                active.add(str(record.attrs.get("collector")))
+        names = [name for name in loaded if name in active]
+        names += sorted(active - set(loaded) - {"None"})
         for header in self.headers:
             for name in header.get("collectors", ()):
                 if name not in names:
@@ -145,7 +155,7 @@ def _summarize_quality(records: list[QualityRecord]) -> list[str]:
     """One warning per (process, kind, message), counts summed: a writer repeats them per flush."""
     totals: dict[tuple[int, str, str], int] = {}
     for record in records:
-        if record.kind != NOTE_HOOKS_LOADED:
+        if record.kind not in (NOTE_HOOKS_LOADED, NOTE_HOOK_ACTIVE):  # what ran, not how it went
             key = (record.pid, record.kind, record.message)
             totals[key] = totals.get(key, 0) + record.occurrences
     lines = []

@@ -18,6 +18,9 @@ from latprof.errors import InputError, LatprofError
 from latprof.report import renderers
 
 if TYPE_CHECKING:
+    from latprof.ci.config import Config
+    from latprof.engine import Rule
+    from latprof.pipeline import Diagnosis
     from latprof.report.model import Report
 
 # Exit codes: 0 ok, 1 a failed check, 2 usage/input/config errors, 3 a latprof bug.
@@ -129,13 +132,48 @@ def print_report(report: Report, fmt: str, output: Path | None) -> None:
     emit(lambda out: renderers.REPORT.render(fmt, report, out), output)
 
 
-def report_command(capture: Path, warmup_s: float = DEFAULT_WARMUP_S) -> str:
-    """The command that prints the report of `capture` again."""
-    return f"latprof analyze {capture}" + ("" if warmup_s == DEFAULT_WARMUP_S else f" --skip-warmup {warmup_s:g}")
+def report_command(capture: Path, warmup_s: float | None = DEFAULT_WARMUP_S, config_path: Path | None = None) -> str:
+    """The command that prints the report of `capture` again (None: the warm-up the config sets)."""
+    return (
+        f"latprof analyze {capture}"
+        + ("" if warmup_s is None or warmup_s == DEFAULT_WARMUP_S else f" --skip-warmup {warmup_s:g}")
+        + (f" --config {config_path}" if config_path is not None else "")
+    )
+
+
+class Judging:
+    """What a report is judged by: the config (`--config`, else the nearest one from the working
+    directory) and the rules. `run`, `attach` and `receive` load it before they capture anything,
+    so a bad config is one line and exit 2 up front, and their report says what `latprof
+    analyze` of the capture says."""
+
+    def __init__(self, config_path: Path | None, warmup_s: float | None = None) -> None:
+        from latprof.ci.config import load_config
+        from latprof.engine import all_rules
+
+        self.path = config_path
+        self.classes: list[type[Rule]] = all_rules()
+        self.config: Config = load_config(config_path, rule_classes=self.classes)
+        #: --skip-warmup when given on the command line; None: the config's, else the default
+        self.warmup_s = warmup_s
+
+    def diagnose(self, capture: Path, source_kind: str | None = None) -> Diagnosis:
+        from latprof.pipeline import run_configured
+
+        return run_configured([capture], self.config, self.classes, warmup_s=self.warmup_s, source_kind=source_kind)
+
+    def command(self, capture: Path) -> str:
+        """`latprof analyze` of `capture` as this report was judged."""
+        return report_command(capture, self.warmup_s, self.path)
+
+
+def given_warmup(ctx: click.Context, warmup_s: float) -> float | None:
+    """--skip-warmup when the command line gave it, else None (the config decides)."""
+    return warmup_s if ctx.get_parameter_source("warmup_s") is not click.core.ParameterSource.DEFAULT else None
 
 
 def print_capture_report(report: Report, fmt: str, output: Path | None, capture: Path, *, written: str = "",
-                         warmup_s: float = DEFAULT_WARMUP_S) -> None:  # fmt: skip
+                         again: str | None = None) -> None:  # fmt: skip
     """The report at the end of `run`, `attach` and `receive`, set apart from what came before it.
 
     A service's own output (thousands of access-log lines) precedes it: a banner on stderr
@@ -149,7 +187,7 @@ def print_capture_report(report: Report, fmt: str, output: Path | None, capture:
     sys.stdout.flush()  # the report before the footer, when both go to one terminal
     if output is not None:
         click.echo(f"latprof: report written to {output}", err=True)
-    click.echo(f"latprof: capture written to {capture}{written}; to see this report again: {report_command(capture, warmup_s)}",
+    click.echo(f"latprof: capture written to {capture}{written}; to see this report again: {again or report_command(capture)}",
                err=True)  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 
 import click
 
-from latprof.cli._common import format_option, main, output_option, print_capture_report
+from latprof.cli._common import Judging, config_option, format_option, main, output_option, print_capture_report
 from latprof.errors import CollectorError, ConfigError
 
 if TYPE_CHECKING:
@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="The capture file (default latprof-attach-<time>.jsonl).")
 @format_option
 @output_option("report")
+@config_option
 def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: str | None, out: Path | None, fmt: str,
-           output: Path | None) -> None:  # fmt: skip
+           output: Path | None, config_path: Path | None) -> None:  # fmt: skip
     """Diagnose a running service from outside: sample its threads' stacks (py-spy), wait
     channels, event loops, accept queue and sockets for a while, then name the layer that
     saturates it.
@@ -40,8 +41,7 @@ def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: st
 
     from latprof.attach.session import AttachSession
     from latprof.collectors.attach import pg_activity, pyspy
-    from latprof.pipeline import run_diagnosis
-
+    judging = Judging(config_path)  # a bad config stops here, before sampling starts
     capture = out or Path(time.strftime("latprof-attach-%Y%m%d-%H%M%S.jsonl"))
     session = AttachSession(pid, str(capture), duration_s=duration_s, rate=rate, subprocesses=not no_subprocesses, db=db,
                             on_progress=_attach_progress(duration_s))  # fmt: skip
@@ -58,8 +58,8 @@ def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: st
             click.echo("", err=True)
     if stats.windows == 0:
         raise CollectorError(f"no stack of PID {pid} was sampled" + (f": {stats.errors[0]}" if stats.errors else ""))
-    diagnosis = run_diagnosis([capture])
-    print_capture_report(diagnosis.report, fmt, output, capture,
+    diagnosis = judging.diagnose(capture)
+    print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture),
                          written=f" (PID {pid} exited during it)" if pid in stats.exited else "")  # fmt: skip
 
 

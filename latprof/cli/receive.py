@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Callable
 
 import click
 
-from latprof.cli._common import KEEP_UNTIL_EXIT, format_option, main, output_option, print_capture_report, warmup_option
+from latprof.cli._common import (
+    KEEP_UNTIL_EXIT,
+    Judging,
+    config_option,
+    format_option,
+    given_warmup,
+    main,
+    output_option,
+    print_capture_report,
+    warmup_option,
+)
 from latprof.errors import CollectorError, InputError
 
 if TYPE_CHECKING:
@@ -29,8 +39,10 @@ if TYPE_CHECKING:
 @format_option
 @output_option("report")
 @warmup_option
-def receive(listen: str | None, out: Path | None, duration_s: float | None, max_spans: int | None, fmt: str,
-            output: Path | None, warmup_s: float) -> None:  # fmt: skip
+@config_option
+@click.pass_context
+def receive(ctx: click.Context, listen: str | None, out: Path | None, duration_s: float | None, max_spans: int | None,
+            fmt: str, output: Path | None, warmup_s: float, config_path: Path | None) -> None:  # fmt: skip
     """Receive traces from running services over OTLP/HTTP until Ctrl-C (or --duration), then diagnose them.
 
     Point a service's OpenTelemetry exporter here, e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318
@@ -40,9 +52,9 @@ def receive(listen: str | None, out: Path | None, duration_s: float | None, max_
     import signal
     import threading
 
-    from latprof.pipeline import run_diagnosis
     from latprof.collectors.traces.receive import DEFAULT_LISTEN, DEFAULT_MAX_SPANS, Receiver, is_loopback, parse_listen
 
+    judging = Judging(config_path, given_warmup(ctx, warmup_s))  # a bad config stops here, before anything is received
     host, port = parse_listen(listen or DEFAULT_LISTEN)
     if not is_loopback(host):
         click.echo(f"latprof receive: warning: {host} is not a loopback address: whatever reaches this host on port {port}"
@@ -67,8 +79,8 @@ def receive(listen: str | None, out: Path | None, duration_s: float | None, max_
     if not stats.spans:
         capture.unlink(missing_ok=True)  # nothing in it
         raise CollectorError(f"no spans received on {receiver.endpoint}; was OTEL_EXPORTER_OTLP_ENDPOINT set to {receiver.base_url}?")
-    diagnosis = run_diagnosis([capture], warmup_s=warmup_s, source_kind="receive")
-    print_capture_report(diagnosis.report, fmt, output, capture, warmup_s=warmup_s,
+    diagnosis = judging.diagnose(capture, source_kind="receive")
+    print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture),
                          written=f" ({stats.spans:,} spans from {stats.requests:,} export requests)")  # fmt: skip
     KEEP_UNTIL_EXIT.append(diagnosis)
 

@@ -9,11 +9,13 @@ import click
 
 from latprof.cli._common import (
     KEEP_UNTIL_EXIT,
+    Judging,
+    config_option,
     format_option,
+    given_warmup,
     main,
     output_option,
     print_capture_report,
-    report_command,
     warmup_option,
 )
 from latprof.errors import CollectorError, ConfigError, LatprofError
@@ -53,6 +55,7 @@ from latprof.semconv import DEFAULT_MAX_RATE
     " each weighted by the requests it stands for. 0 records every request.",
 )
 @warmup_option
+@config_option
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -66,6 +69,7 @@ def run(
     list_hooks: bool,
     max_rate: float,
     warmup_s: float,
+    config_path: Path | None,
     cmd: tuple[str, ...],
 ) -> None:
     """Run a Python service with latprof's hooks, and diagnose it when it stops.
@@ -80,8 +84,6 @@ def run(
         processes_with_hooks,
         run_with_hooks,
     )
-    from latprof.pipeline import run_diagnosis
-
     if list_hooks:
         for name, summary in describe_hooks():
             click.echo(f"{name:<14} {summary}")
@@ -102,6 +104,7 @@ def run(
         wanted = [name for name in (known if wanted == ["all"] else wanted) if name not in disabled]
         if not wanted:
             raise ConfigError("--disable: every hook is disabled; nothing would be recorded")
+    judging = Judging(config_path, given_warmup(ctx, warmup_s))  # a bad config stops here, before the service starts
     capture = out or Path(time.strftime("latprof-%Y%m%d-%H%M%S.jsonl"))
     code = run_with_hooks(cmd, capture, hooks=",".join(wanted), max_rate=max_rate)
     if not processes_with_hooks(capture):
@@ -111,14 +114,14 @@ def run(
             " (e.g. `pip install latprof` in its virtualenv) and run again"
         )
     if no_report:
-        click.echo(f"latprof: capture written to {capture}; its report: {report_command(capture, warmup_s)}", err=True)
+        click.echo(f"latprof: capture written to {capture}; its report: {judging.command(capture)}", err=True)
         ctx.exit(code)
     try:
-        diagnosis = run_diagnosis([capture], warmup_s=warmup_s)
+        diagnosis = judging.diagnose(capture)
     except LatprofError as exc:
         click.echo(f"latprof: capture written to {capture}", err=True)
         click.echo(f"latprof: no report: {exc}", err=True)
     else:
-        print_capture_report(diagnosis.report, fmt, output, capture, warmup_s=warmup_s)
+        print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture))
         KEEP_UNTIL_EXIT.append(diagnosis)
     ctx.exit(code)

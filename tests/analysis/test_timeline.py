@@ -58,8 +58,25 @@ def test_quality_records_become_summed_warnings_and_hooks_name_the_collectors():
         QualityRecord("dropped", T0 + 1, 1, "buffer full", 5),
     ]
     timeline = build_timeline(data(quality=quality))
-    assert timeline.collectors == ["asgi", "sqlalchemy", "openai"]
+    assert timeline.collectors == ["asgi", "sqlalchemy", "openai"]  # a capture from before hook_active: every hook loaded
     assert timeline.warnings == ["pid 1: dropped x15: buffer full"]
+
+
+def test_the_collectors_are_the_hooks_that_saw_traffic_in_any_process():
+    loaded = {"collectors": ["asgi", "sqlalchemy", "psycopg_pool", "redis", "openai"], "notes_activity": True}
+    quality = [
+        QualityRecord("hooks_loaded", T0, 1, "", 1, loaded),
+        QualityRecord("hooks_loaded", T0, 2, "", 1, {**loaded, "forked": True}),
+        QualityRecord("hook_active", T0 + 5, 1, "", 1, {"collector": "openai"}),
+        QualityRecord("hook_active", T0 + 6, 2, "", 1, {"collector": "asgi"}),
+        QualityRecord("hook_active", T0 + 7, 2, "", 1, {"collector": "sqlalchemy"}),
+        QualityRecord("hook_active", T0 + 8, 1, "", 1, {"collector": "asgi"}),
+    ]
+    timeline = build_timeline(data(quality=quality))
+    assert timeline.collectors == ["asgi", "sqlalchemy", "openai"]  # loaded order; psycopg_pool and redis saw nothing
+    assert timeline.warnings == []
+    idle = build_timeline(data(quality=quality[:2]))
+    assert idle.collectors == []  # hooks loaded, no traffic: none named
 
 
 # --- time-weighted gauge means ---------------------------------------------------------------------

@@ -83,10 +83,13 @@ def gunicorn(port: int, *args: str) -> list[str]:
 
 def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clients: int, *, pause_s: float = 0.0,
                       env: dict[str, str] | None = None, server: list[str] | None = None,
-                      attach_args: tuple[str, ...] = (), duration_s: float = 4) -> tuple[dict, dict]:  # fmt: skip
+                      attach_args: tuple[str, ...] = (), duration_s: float = 4, config: Path | None = None,
+                      ) -> tuple[dict, dict]:  # fmt: skip
     """Start gunicorn (or `server`, with `{port}` in it), keep `clients` client threads requesting
-    `path`, attach to its first process for `duration_s` (with `attach_args`); (the live report,
-    `latprof analyze` of its capture, which must agree)."""
+    `path`, attach to its first process for `duration_s` (with `attach_args`, and `--config
+    config`); (the live report, `latprof analyze` of its capture with the same config, which
+    must agree)."""
+    judged = ("--config", str(config)) if config is not None else ()
     port = free_port()
     command = [a.format(port=port) for a in server] if server else gunicorn(port, *gunicorn_args)
     master = start_server(command, port, env)
@@ -109,7 +112,7 @@ def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clien
         time.sleep(1.0)
         live = subprocess.run(
             [sys.executable, "-m", "latprof", "attach", "--pid", str(master.pid), "--duration", str(duration_s), "--format",
-             "json", "--out", str(capture), *attach_args],
+             "json", "--out", str(capture), *attach_args, *judged],
             cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     finally:
@@ -117,7 +120,7 @@ def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clien
         master.terminate()
         master.wait(20)
     assert live.returncode == 0, live.stderr
-    later = subprocess.run([sys.executable, "-m", "latprof", "analyze", "--format", "json", str(capture)],
+    later = subprocess.run([sys.executable, "-m", "latprof", "analyze", "--format", "json", str(capture), *judged],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert later.returncode == 0, later.stderr
     report, again = json.loads(live.stdout), json.loads(later.stdout)

@@ -106,3 +106,13 @@ def test_severity_warning_reports_without_failing_the_gate(capture, tmp_path):
     code, run = check(path, toml(tmp_path, '[rules.cpu-bound]\nseverity = "warning"\n'))
     (result,) = [c for c in run["checks"] if c["id"] == "rule.cpu-bound"]
     assert code == 0 and (result["outcome"], result["level"], result["failed"]) == ("fail", "warning", False)
+
+
+def test_latprof_attach_judges_its_own_report_by_the_config(tmp_path):
+    # The live report of `latprof attach --config` (not only `analyze` of its capture) applies it.
+    config = toml(tmp_path, "[rules.cpu-bound]\nenabled = false\n")
+    live, again = attach_under_load(tmp_path, ["-w", "2"], "/cpu?ms=50", 2, config=config)
+    assert (live["verdict"]["layer"], live["verdict"]["rule"]) == ("app", None), live["verdict"]  # measured; no rule
+    assert cpu_finding(live) is None and again["findings"] == live["findings"]
+    default = analyze(tmp_path / "attach.jsonl")  # the same capture without the config: the rule's finding
+    assert cpu_finding(default) is not None and default["verdict"]["rule"] == "cpu-bound"

@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from latprof.engine import fmt_ms
+
 # 100 requests, every 20th slow at the provider, each with a line of access log on stdout and stderr.
 SERVICE = textwrap.dedent(
     """
@@ -32,11 +34,11 @@ SERVICE = textwrap.dedent(
 )
 
 
-def latprof_run(tmp_path: Path, *args: str, merged: bool = False) -> subprocess.CompletedProcess[str]:
+def latprof_run(tmp_path: Path, *args: str, merged: bool = False, service: str = SERVICE) -> subprocess.CompletedProcess[str]:
     """`latprof run --out tmp_path/capture.jsonl ARGS -- python -c SERVICE`, stdout and stderr apart (or `merged` in one pipe)."""
     return subprocess.run(
         [sys.executable, "-m", "latprof", "run", "--out", str(tmp_path / "capture.jsonl"), *args,
-         "--", sys.executable, "-c", SERVICE],
+         "--", sys.executable, "-c", service],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
         text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
@@ -98,3 +100,44 @@ def test_a_report_written_to_a_file_is_said_with_the_capture(tmp_path: Path) -> 
     assert json.loads(output.read_text())["source"]["inputs"] == [str(capture)]
     assert f"latprof: report written to {output}\n" in result.stderr
     assert footer_command(result.stderr, capture) == ["latprof", "analyze", str(capture), "--skip-warmup", "0"]
+
+
+def test_the_live_report_is_judged_by_the_config_as_the_footer_command_judges_the_capture(tmp_path: Path) -> None:
+    # Every 20th request waits 200 ms more at the provider: by default, a verdict.
+    service = SERVICE.replace("0.02 if i % 20 == 19", "0.2 if i % 20 == 19")
+    capture = tmp_path / "capture.jsonl"
+    default = latprof_run(tmp_path, "--skip-warmup", "0", "--format", "json", service=service)
+    assert default.returncode == 0, default.stderr
+    verdict = json.loads(default.stdout[default.stdout.index("\n{") :])["verdict"]
+    assert (verdict["layer"], verdict["status"]) == ("provider", "layer"), verdict
+    # A latprof.toml in the working directory asks for a tail of 5 s before a verdict: the live report has none ...
+    (tmp_path / "latprof.toml").write_text("min_tail_excess_ms = 5000\n")
+    floored = latprof_run(tmp_path, "--skip-warmup", "0", "--format", "json", service=service)
+    assert floored.returncode == 0, floored.stderr
+    live = json.loads(floored.stdout[floored.stdout.index("\n{") :])
+    assert (live["verdict"]["layer"], live["verdict"]["status"]) == (None, "no_tail"), live["verdict"]
+    assert f"under the {fmt_ms(5000)} worth acting on (min_tail_excess_ms)" in live["verdict"]["summary"]
+    # ... and neither has the footer's command, from the same directory.
+    again_argv = footer_command(floored.stderr, capture)
+    again = subprocess.run([sys.executable, "-m", *again_argv, "--format", "json"], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["verdict"] == live["verdict"]
+    # --config names a file elsewhere: the footer's command names it too.
+    elsewhere = tmp_path / "conf" / "strict.toml"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("min_tail_excess_ms = 5000\n")
+    (tmp_path / "latprof.toml").unlink()
+    named = latprof_run(tmp_path, "--skip-warmup", "0", "--format", "json", "--config", str(elsewhere), service=service)
+    assert named.returncode == 0, named.stderr
+    assert json.loads(named.stdout[named.stdout.index("\n{") :])["verdict"]["status"] == "no_tail"
+    assert footer_command(named.stderr, capture)[-2:] == ["--config", str(elsewhere)]
+
+
+def test_a_bad_config_stops_latprof_run_before_the_service_starts(tmp_path: Path) -> None:
+    (tmp_path / "latprof.toml").write_text("min_tail_excess_ms = 'a lot'\n")
+    result = latprof_run(tmp_path, "--skip-warmup", "0")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "latprof.toml" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "INFO:" not in result.stdout and not (tmp_path / "capture.jsonl").exists()  # the service never ran

@@ -331,3 +331,22 @@ def test_a_field_the_schema_does_not_declare_passes_the_public_schema_but_not_th
     added["verdict"]["why"] = "an undeclared field"
     assert schema_errors(added, VALIDATOR) == []
     assert schema_errors(added) == ["verdict: Unevaluated properties are not allowed ('why' was unexpected)"]
+
+
+def test_a_broken_report_a_latprof_subprocess_prints_fails_the_test_that_ran_it(tmp_path: Path) -> None:
+    # conftest's wrapper of subprocess.run: a command whose argv names latprof and whose stdout
+    # holds a report (here after a service's own line) has that report validated.
+    import subprocess
+    import sys
+
+    good = diagnose([EXAMPLES[0]]).to_dict()
+    broken = {**good, "verdict": {**good["verdict"], "layer": "gpu"}}
+    for report, fails in ((good, False), (broken, True)):
+        script = tmp_path / "prints.py"
+        script.write_text(f"print('INFO: a service line')\nprint({json.dumps(json.dumps(report, indent=2))})\n")
+        argv = [sys.executable, str(script), "latprof"]
+        if fails:
+            with pytest.raises(pytest.fail.Exception, match="verdict"):
+                subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        else:
+            assert subprocess.run(argv, capture_output=True, text=True, timeout=60).returncode == 0

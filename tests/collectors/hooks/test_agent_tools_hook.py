@@ -261,7 +261,7 @@ def test_a_failing_hook_is_counted_and_the_tool_still_runs(hooked, monkeypatch):
     monkeypatch.setattr(agent_tools, "_Call", None)  # calling it raises TypeError
     assert in_request(lambda: customer.invoke({"email": "x@example.com"})).startswith("cust_")
     runtime.report_errors(force=True)
-    (error,) = [e for e in hooked if isinstance(e, QualityRecord) and e.attrs.get("collector") == agent_tools.HOOK]
+    (error,) = [e for e in hooked if isinstance(e, QualityRecord) and e.kind == "error" and e.attrs.get("collector") == agent_tools.HOOK]
     assert "TypeError" in error.attrs[LAST_ERROR]
     assert tool_calls(hooked) == []
 

@@ -71,7 +71,9 @@ def test_run_records_reports_and_exits_with_the_command_code(tmp_path):
     assert report["verdict"]["layer"] == "provider"
     assert f"capture written to {tmp_path / 'capture.jsonl'}" in result.stderr
     data = read_captures([tmp_path / "capture.jsonl"])
-    assert [q.kind for q in data.quality] == ["hooks_loaded"]
+    # every hook loaded; only the sleeps hook saw traffic (the stand-in's time.sleep calls)
+    assert [q.kind for q in data.quality] == ["hooks_loaded", "hook_active"]
+    assert report["collection"]["collectors"] == ["sleeps"]
 
 
 def test_every_python_process_the_command_starts_records_too(tmp_path):

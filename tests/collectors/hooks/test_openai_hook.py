@@ -273,7 +273,7 @@ def test_a_failing_hook_is_counted_and_the_call_still_works(recorded, client, mo
     assert len(text.split()) == TOKENS
     assert segments(recorded) == []  # a call the hook could not start is not recorded
     runtime.report_errors(force=True)
-    notes = [e for e in recorded if isinstance(e, QualityRecord) and e.attrs.get("collector") == "openai"]
+    notes = [e for e in recorded if isinstance(e, QualityRecord) and e.kind == "error" and e.attrs.get("collector") == "openai"]
     assert sum(n.occurrences for n in notes) == 1 and "hook bug" in notes[-1].attrs["latprof.last_error"]
 
     monkeypatch.undo()
@@ -283,7 +283,7 @@ def test_a_failing_hook_is_counted_and_the_call_still_works(recorded, client, mo
     provider, model = one_call(recorded)
     assert model is not None and ms(provider) >= TTFT_MS - 50
     runtime.report_errors(force=True)
-    notes = [e for e in recorded if isinstance(e, QualityRecord) and e.attrs.get("collector") == "openai"]
+    notes = [e for e in recorded if isinstance(e, QualityRecord) and e.kind == "error" and e.attrs.get("collector") == "openai"]
     assert sum(n.occurrences for n in notes) == 1 + 2  # the role chunk and the finish chunk
 
 

@@ -115,7 +115,7 @@ def pool_gauges(events, name: str) -> list[Gauge]:
 
 
 def hook_errors(events) -> list[QualityRecord]:
-    return [q for q in events if isinstance(q, QualityRecord) and q.attrs.get("collector") == hook.HOOK]
+    return [q for q in events if isinstance(q, QualityRecord) and q.kind == "error" and q.attrs.get("collector") == hook.HOOK]
 
 
 def assert_private(events) -> None:

@@ -450,7 +450,7 @@ def test_a_failing_hook_is_counted_and_the_command_still_succeeds(recorded, redi
     client.delete(SECRET_KEY)
     client.close()
     runtime.report_errors(force=True)
-    errors = [q for q in recorded if isinstance(q, QualityRecord) and q.attrs.get("collector") == "redis"]
+    errors = [q for q in recorded if isinstance(q, QualityRecord) and q.kind == "error" and q.attrs.get("collector") == "redis"]
     assert sum(q.occurrences for q in errors) == 2
     assert "RuntimeError: naming exploded" in errors[-1].attrs[LAST_ERROR]
     root = request_of(recorded, "GET /broken")

@@ -121,3 +121,14 @@ def test_a_failing_patch_does_not_break_the_import(tmp_path, monkeypatch, record
     assert latprof_demo_lib2.VALUE == 2
     runtime.report_errors(force=True)
     assert any(isinstance(e, QualityRecord) and "cannot patch" in e.attrs["latprof.last_error"] for e in recorded)
+
+
+def test_a_hook_that_records_is_noted_once_per_capture_and_only_while_recording():
+    runtime.saw("sqlalchemy")  # not recording: nothing, and not remembered
+    for _ in range(2):  # each capture notes it again
+        with recording() as events:
+            for _ in range(3):
+                runtime.saw("sqlalchemy")
+            runtime.saw("openai")
+        notes = [e for e in events if isinstance(e, QualityRecord) and e.kind == "hook_active"]
+        assert [(n.attrs["collector"], n.pid) for n in notes] == [("sqlalchemy", runtime.pid()), ("openai", runtime.pid())]

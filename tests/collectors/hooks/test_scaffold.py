@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -260,3 +261,37 @@ def test_an_untested_version_is_patched_and_reported_as_untested(changed_run):
     (note,) = [w for w in report["collection"]["warnings"] if f"{NOTE_UNTESTED_VERSION}: hook redis" in w]
     assert note.endswith("hook redis patched redis 99.0.0, a version it is not tested on (tested: redis 5 to 8)")
     assert left["redis"]["others_patched"] == 1  # the sync client, whose part is whole
+
+
+def _next_line(line: str) -> str:
+    """The first version past a line: "0.55" -> "0.56", "3" -> "4"."""
+    parts = line.split(".")
+    return ".".join([*parts[:-1], str(int(parts[-1]) + 1)])
+
+
+def test_the_test_environment_is_held_to_the_lines_the_hooks_are_tested_on():
+    # tests/constraints.txt (used by the README's test command and nox) caps each library the
+    # version gate knows just past its newest tested line, and every installed one is inside it.
+    import importlib.metadata
+
+    wanted: dict[str, set[str]] = {}
+    for hook in bootstrap.HOOKS.values():
+        for library in hook.scaffold.libraries:
+            for tested in library.tested:
+                dist = (tested.distribution or tested.package).replace("_", "-").lower()
+                wanted.setdefault(dist, set()).add(f"<{_next_line(tested.newest)}")
+    lines = (Path(__file__).parents[2] / "constraints.txt").read_text().splitlines()
+    pinned = {}
+    for line in lines:
+        if line.strip() and not line.startswith("#"):
+            dist, bound = line.split("<", 1)
+            pinned[dist.strip().lower()] = {f"<{bound.strip()}"}
+    assert pinned == wanted
+    for dist, bounds in pinned.items():
+        try:
+            installed = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # not in this environment (nox's older lines leave some out)
+        (bound,) = bounds
+        ceiling = tuple(int(p) for p in bound[1:].split("."))
+        assert tuple(int(p) for p in installed.split(".")[: len(ceiling)]) < ceiling, (dist, installed, bound)

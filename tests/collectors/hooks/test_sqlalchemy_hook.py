@@ -334,7 +334,7 @@ def test_a_failing_hook_is_counted_and_the_query_still_succeeds(recorded, sqlite
         assert conn.execute(text("select 41 + 1")).scalar() == 42
     runtime.end_request(token)
     runtime.report_errors(force=True)
-    errors = [q for q in recorded if isinstance(q, QualityRecord) and q.attrs.get("collector") == "sqlalchemy"]
+    errors = [q for q in recorded if isinstance(q, QualityRecord) and q.kind == "error" and q.attrs.get("collector") == "sqlalchemy"]
     assert sum(q.occurrences for q in errors) >= 1
     assert "RuntimeError: summary exploded" in errors[-1].attrs[LAST_ERROR]
     root = request_of(recorded, "GET /broken")
@@ -374,7 +374,7 @@ def test_shared_segment_attributes_are_never_changed_by_a_failure(recorded, sqli
     checkouts = [s for s in mine if s.layer == DB_POOL]
     assert len(checkouts) == 4 and all(hook.ERROR_TYPE not in s.attrs for s in checkouts)
     assert len({tuple(s.attrs.items()) for s in checkouts if hook.CONNECT_MS not in s.attrs}) == 1
-    assert not [q for q in recorded if isinstance(q, QualityRecord)] and hook.HOOK not in runtime.errors()
+    assert not [q for q in recorded if isinstance(q, QualityRecord) and q.kind == "error"] and hook.HOOK not in runtime.errors()
 
 
 def test_a_new_engines_first_connect_statements_belong_to_its_checkout(recorded, pg_dsn):

@@ -198,7 +198,7 @@ def test_a_failing_hook_is_counted_and_the_task_still_runs(hooked, monkeypatch):
         assert pool.submit(lambda: 7).result() == 7
         runtime.end_request(token)
     runtime.report_errors(force=True)
-    (error,) = [e for e in hooked if isinstance(e, QualityRecord) and e.attrs.get("collector") == threads.HOOK]
+    (error,) = [e for e in hooked if isinstance(e, QualityRecord) and e.kind == "error" and e.attrs.get("collector") == threads.HOOK]
     assert error.occurrences == 1 and "TypeError" in error.attrs[LAST_ERROR]
 
 

@@ -64,6 +64,11 @@ def _owns_tail(result: DemoResult, layer: str, rule: str) -> None:
 def _check_pool_verdict(tmp_path: Path, dsn: str | None, http: str = "auto", loop: str = "auto") -> None:
     result = _demo(tmp_path, "pool-held-across-llm", dsn=dsn, http=http, loop=loop)
     _owns_tail(result, "db.pool", "db-pool-exhaustion")
+    # Every hook loaded; the report names those that saw traffic (the service's server, pool,
+    # LLM client and loop), not the ones for libraries it never used.
+    collectors = set(result.report.collection["collectors"])
+    assert {"asgi", "sqlalchemy", "openai", "asyncio_loop"} <= collectors, collectors
+    assert not {"wsgi", "aiohttp_web", "aiohttp_client", "redis", "psycopg_pool", "agent_tools"} & collectors, collectors
     (finding,) = [f for f in result.report.findings if f.rule == "db-pool-exhaustion"]
     assert finding.evidence["held_across_llm_share"] >= 0.9
     assert finding.evidence["pool_max"] == 3

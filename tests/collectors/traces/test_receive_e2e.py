@@ -34,6 +34,7 @@ from latprof.collectors.traces.otlp_json import read_otlp_json
 from latprof.collectors.traces.receive import is_loopback, parse_listen
 from otlp_harness import record_otlp
 from otlp_receiver import file_exporter_json
+from report_schema import assert_valid, printed_report
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +85,11 @@ class Receive:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
-        return code, self._stdout.read_text(errors="replace"), self.stderr
+        stdout = self._stdout.read_text(errors="replace")
+        report = printed_report(stdout)
+        if report is not None:  # what it printed is a report-v1 document
+            assert_valid(report)
+        return code, stdout, self.stderr
 
     def wait(self, timeout: float = 90) -> tuple[int, str, str]:
         """Wait for it to exit by itself (`--duration`)."""
