@@ -124,8 +124,53 @@ def _explain(pid: int, stderr: str) -> str:
     if "no such process" in lower or not os.path.exists(f"/proc/{pid}"):
         return f"PID {pid} exited"
     if "python" in lower and ("not" in lower or "fail" in lower):
-        return f"PID {pid} does not look like a Python process (py-spy: {text[:200]})"
-    return f"py-spy failed on PID {pid}: {text[:300]}"
+        return _not_python(pid)
+    return f"py-spy failed on PID {pid}: {_first_line(stderr)[:300]}"
+
+
+def _first_line(text: str) -> str:
+    """py-spy's message without the Rust backtrace it may print after it ("Stack backtrace: ...")."""
+    return " ".join(text.split("Stack backtrace:", 1)[0].split())
+
+
+def _not_python(pid: int) -> str:
+    """One line: PID is not Python; the Python processes it started, if any, to attach to instead."""
+    name, children = process_label(pid), python_descendants(pid)
+    line = f"PID {pid}{f' ({name})' if name else ''} is not a Python process"
+    if not children:
+        return line + " and started none: attach to the Python process itself (e.g. `pgrep -af python`)"
+    shown = ", ".join(f"{child} ({process_label(child)})" for child in children[:3]) + (", ..." if len(children) > 3 else "")
+    return f"{line}; the Python processes it started: {shown}: attach to one of them, e.g. `latprof attach --pid {children[0]}`"
+
+
+def process_label(pid: int, width: int = 60) -> str:
+    """A process's command line (or name), shortened: what `ps` would show; "" when it is gone."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        text = " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        return ""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def python_descendants(pid: int) -> list[int]:
+    """PIDs of the Python processes among `pid`'s descendants (by executable name), oldest first."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for proc in children:
+        try:
+            if "python" in os.path.basename(proc.exe()).lower():
+                found.append((proc.create_time(), proc.pid))
+        except psutil.Error:
+            continue
+    return [p for _, p in sorted(found)]
 
 
 # --- continuous sampling: successive short recordings ------------------------------------------

@@ -15,7 +15,7 @@ bumping it)::
       "material": true,
       "before": {"input": "healthy.jsonl", "source": {<report source>}, "requests": 93,
                  "latency_ms": {"p50": .., "p90": .., "p99": .., "max": ..} | null,
-                 "verdict": {"layer": .. | null, "rule": .. | null, "status": "layer|unattributed|no_tail|too_few_requests",
+                 "verdict": {"layer": .. | null, "rule": .. | null, "status": "layer|unattributed|no_tail|too_few_requests|not_saturated|at_capacity",
                              "summary": ".."}},
       "after": {... the same ...},
       "latency_ms": {"p50": CHANGE, "p90": CHANGE, "p99": CHANGE},
@@ -75,7 +75,8 @@ TAIL_EXCESS = "tail_excess_ms"
 
 # How much of a file is read to tell a saved report from a capture or trace file.
 _SNIFF_BYTES = 64 * 1024
-_VERDICT_LABELS = {"no_tail": "no tail", "too_few_requests": "no verdict"}
+_VERDICT_LABELS = {"no_tail": "no tail", "too_few_requests": "no verdict", "not_saturated": "not saturated",
+                   "at_capacity": "at capacity"}
 
 
 # --- the diff ---------------------------------------------------------------------------------

@@ -28,6 +28,11 @@ from latprof.layers import APP, DB_POOL, EVENT_LOOP, LAYERS, QUEUE, UNATTRIBUTED
 if TYPE_CHECKING:
     from latprof.attach.analysis import AttachAnalysis
 
+#: `Verdict.status` of an attach capture with no verdict: sampling sees no request latency, so
+#: it never says "no tail". Nothing was saturated; or every worker was busy doing its job.
+NOT_SATURATED = "not_saturated"
+AT_CAPACITY = "at_capacity"
+
 #: When the leading layer does not also lead the slowest 5%, its confidence is scaled by this.
 NOT_LEADING_TAIL5_FACTOR = 0.5
 
@@ -66,7 +71,8 @@ class Verdict:
     confidence: float
     summary: str
     #: Which branch of the verdict rules decided: "layer", "unattributed", "no_tail" or
-    #: "too_few_requests" (the last two have `layer` null).
+    #: "too_few_requests" (requests), "not_saturated" or "at_capacity" (attach); all but the
+    #: first two have `layer` null.
     status: str = "layer"
 
     def to_dict(self) -> dict[str, Any]:
@@ -220,12 +226,13 @@ def _of_asyncio_server(aa: AttachAnalysis, findings: Sequence[Finding], where: s
                        f" them (waiting {wire.in_flight_age_ms:.0f} ms so far, the median) waited inside the process on nothing visible from outside (not the loop, which was free,"
                        " and not a stable ceiling of DB connections): an asyncio service's suspended tasks leave no"
                        " stack. Run it under `latprof run` so in-process hooks time each request's pool waits, locks and"
-                       f" calls. Request time: {where}.", "unattributed")  # fmt: skip
+                       f" calls. Request time: {where or 'none sampled'}.", "unattributed")  # fmt: skip
     return Verdict(None, None, None, 1.0 if total else 0.0,
                    f"Not saturated: the event loop was free {1 - (aa.loop.busy_share or 0):.0%} of the time and"
                    f" {wire.in_flight_mean:.1f} requests were in flight on average, waiting on the wire"
-                   f" ({wire.outstanding_mean():.1f} at outbound endpoints); request time went to {where}.",
-                   "no_tail")  # fmt: skip
+                   f" ({wire.outstanding_mean():.1f} at outbound endpoints); "
+                   + (f"request time went to {where}." if where else "no request was seen in flight."),
+                   NOT_SATURATED)  # fmt: skip
 
 
 def _of_samples(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
@@ -240,7 +247,7 @@ def _of_samples(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
     from latprof.attach import analysis as attach  # it builds reports: imported when it is used
 
     ranked = sorted(((aa.share(layer), layer) for layer in LAYERS if aa.share(layer) > 0), reverse=True)
-    where = ", ".join(f"{layer} {share:.0%}" for share, layer in ranked[:3]) or "nothing was sampled"
+    where = ", ".join(f"{layer} {share:.0%}" for share, layer in ranked[:3])  # "": no busy sample at all
     waiting = max(((attach.busy_share(aa, layer), layer) for layer in attach.WAITING), default=(0.0, ""))
     if waiting[0] < attach.MIN_VERDICT_SHARE:  # no pool or lock that sync workers wait in: an asyncio server decides its own way
         decided = _of_asyncio_server(aa, findings, where)
@@ -251,8 +258,9 @@ def _of_samples(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
         layer = waiting[1]
     elif not aa.saturated:
         return Verdict(None, None, None, 1.0 if ranked else 0.0,
-                       f"Not saturated: workers were idle {aa.idle_share or 0:.0%} of the time and no backlog stood;"
-                       f" busy time went to {where}.", "no_tail")  # fmt: skip
+                       f"Not saturated: workers were idle {aa.idle_share or 0:.0%} of the time and no backlog stood; "
+                       + (f"busy time went to {where}." if where else "no worker was seen busy (no load?)."),
+                       NOT_SATURATED)  # fmt: skip
     elif aa.backlog_seconds_share >= attach.MIN_BACKLOG_SECONDS_SHARE and aa.share(QUEUE) >= attach.MIN_VERDICT_SHARE:
         layer = QUEUE  # a backlog that holds a real share of request time; a brief one behind busy CPUs is not the cause
     elif attach.busy_share(aa, APP) >= 0.5:
@@ -263,10 +271,10 @@ def _of_samples(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
                        f"Every worker was busy, mostly in {top} ({attach.busy_share(aa, top):.0%} of busy time), with no backlog"
                        f" and no pool or lock wait: the service is at its capacity doing its job; add workers, or make"
                        f" the handlers async so a worker is not tied up while it waits. Busy time: {where}.",
-                       "no_tail")  # fmt: skip
+                       AT_CAPACITY)  # fmt: skip
     if layer is None:
         return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
-                       f"Saturated, but the cause is not visible from outside (busy time: {where}); run the service"
+                       f"Saturated, but the cause is not visible from outside (busy time: {where or 'none sampled'}); run the service"
                        " under `latprof run` so in-process hooks time each request.", "unattributed")  # fmt: skip
     finding = next((f for f in findings if f.layer == layer and not f.crashed), None)
     summary = f"Saturated: {layer} holds {aa.share(layer):.0%} of busy worker time plus queue time"

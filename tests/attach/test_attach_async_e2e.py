@@ -55,7 +55,7 @@ def test_a_cpu_heavy_aiohttp_handler_gives_event_loop(tmp_path):
 def test_a_healthy_async_service_gets_no_verdict(tmp_path):
     report, _ = attach_under_load(tmp_path, [], "/ok?ms=30", 4, pause_s=0.05, server=uvicorn())
     verdict = report["verdict"]
-    assert verdict["layer"] is None and verdict["status"] == "no_tail", verdict
+    assert verdict["layer"] is None and verdict["status"] == "not_saturated", verdict
     assert report["collection"]["event_loop"]["loop_busy_share"] < 0.3
     assert not [f for f in report["findings"] if f["layer"] in ("event_loop", "db.pool")]
 

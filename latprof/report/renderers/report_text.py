@@ -21,6 +21,8 @@ _VERDICT_LABELS = {
     "unattributed": ("unattributed", "bold magenta"),
     "no_tail": ("no tail", "bold green"),
     "too_few_requests": ("no verdict", "bold yellow"),
+    "not_saturated": ("not saturated", "bold green"),
+    "at_capacity": ("at capacity", "bold yellow"),
 }
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _BAR_WIDTH = 20
@@ -179,6 +181,7 @@ def _attach_seconds(report: Report) -> Text | None:
                         + (f"  queue {queue:g}" if queue is not None else "") + "\n")  # fmt: skip
         return text
     text = Text("per second (busy workers/workers, top layer, accept queue)\n", style="bold")
+    text.append("  a worker is busy in a second when half its samples were; ? = not every worker sampled yet\n", style="dim")
     for i, row in enumerate(rows):
         queue = row.get("accept_queue")
         busy = row.get("busy_workers")

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from attach.procs import SCENARIOS, end, ready, start_scenario
@@ -112,7 +114,28 @@ def test_a_process_that_is_not_python_is_one_clear_error():
     try:
         with pytest.raises(pyspy.SamplerError) as err:
             pyspy.dump(proc.pid)
-        assert str(proc.pid) in str(err.value) and "\n" not in str(err.value)
+        message = str(err.value)
+        assert message.startswith(f"PID {proc.pid} (sleep 30) is not a Python process and started none"), message
+        assert "\n" not in message and "backtrace" not in message.lower() and "anyhow" not in message  # not py-spy's Rust trace
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_shell_that_started_python_is_named_with_the_python_process_to_attach_to():
+    shell = subprocess.Popen(["bash", "-c", f"{sys.executable} -c 'import time; time.sleep(30)' & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while not pyspy.python_descendants(shell.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (child,) = pyspy.python_descendants(shell.pid)
+        out = subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(shell.pid), "--duration", "1"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert f"PID {shell.pid} (bash -c " in out.stderr and "is not a Python process" in out.stderr
+        assert f"`latprof attach --pid {child}`" in out.stderr and "backtrace" not in out.stderr.lower()
+    finally:
+        for proc in psutil.Process(shell.pid).children(recursive=True):
+            proc.kill()  # the Python child this test's shell started
+        shell.kill()
+        shell.wait()
