@@ -24,7 +24,6 @@ from latprof.analysis.inference import (
     Inference,
     INFERRED_AT_CEILING,
     INFERRED_CEILING,
-    INFERRED_FROM,
     INFERRED_MEDIAN_GAP_MS,
     INFERRED_TAIL_GAP_MS,
 )
@@ -190,7 +189,7 @@ def _inferred(analysis: Analysis) -> dict[str, object]:
     if not marked:
         return {}
     attrs = marked[0].attrs
-    return Inference(str(attrs.get(INFERRED_FROM) or "the traces' shape"), {
+    return Inference.of_segment(attrs, {
         "inferred_share_of_pool_waits": round(len(marked) / len(pool), 4),
         "connection_ceiling": attrs.get(INFERRED_CEILING),
         "share_of_wait_at_ceiling": attrs.get(INFERRED_AT_CEILING),

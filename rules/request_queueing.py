@@ -19,7 +19,7 @@ from latprof.engine import (
     severity_for_share,
     wait_evidence,
 )
-from latprof.analysis.inference import INFERRED, INFERRED_CONCURRENCY, INFERRED_CONFIDENCE, INFERRED_FROM, INFERRED_SERVICE, Inference
+from latprof.analysis.inference import INFERRED, INFERRED_CONCURRENCY, INFERRED_CONFIDENCE, INFERRED_SERVICE, Inference
 from latprof.layers import QUEUE
 from latprof.semconv import GAUGE_ACCEPT_QUEUE, QUEUE_SOURCE
 
@@ -140,7 +140,7 @@ class RequestQueueing(Rule):
         evidence["example_request_ids"] = analysis.example_request_ids(QUEUE)
         inferred = [s for _, s in analysis.segments(QUEUE) if s.attrs.get(INFERRED)]
         if inferred:
-            evidence.update(Inference(str(inferred[0].attrs.get(INFERRED_FROM) or "the traces' shape"), {
+            evidence.update(Inference.of_segment(inferred[0].attrs, {
                 "inferred_share_of_queue_segments": round(len(inferred) / len(analysis.segments(QUEUE)), 4),
                 "services_at_fixed_concurrency": sorted(
                     {f"{s.attrs.get(INFERRED_SERVICE) or '?'} ({s.attrs.get(INFERRED_CONCURRENCY)} at a time)" for s in inferred}

@@ -53,15 +53,14 @@ One request root per HTTP request, backdated to when its bytes reached the serve
 from __future__ import annotations
 
 import functools
-import threading
 import time
 import types
 from typing import Any, Callable
 
 from latprof.collectors.hooks import _async_request, _inbound, _scaffold, asyncio_loop, runtime
 from latprof.collectors.hooks._async_request import Request, RequestCoroutine
-from latprof.layers import EVENT_LOOP, QUEUE
-from latprof.semconv import NOTE_WARNING, QUEUE_SOURCE, SAMPLE_WEIGHT
+from latprof.layers import QUEUE
+from latprof.semconv import NOTE_WARNING, QUEUE_SOURCE
 
 HOOK = "asgi"
 

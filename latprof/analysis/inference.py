@@ -54,6 +54,11 @@ class Inference:
         return {"inferred": True, "inferred_from": self.inferred_from, **self.details}
 
     @staticmethod
+    def of_segment(attrs: Mapping[str, Any], details: Mapping[str, Any]) -> Inference:
+        """The inference an inferred segment carries (its `INFERRED_FROM`), with a rule's `details`."""
+        return Inference(str(attrs.get(INFERRED_FROM) or "the traces' shape"), details)
+
+    @staticmethod
     def of(evidence: Mapping[str, Any]) -> Inference | None:
         """The inference a finding's evidence holds, or None when the finding was measured."""
         if not evidence.get("inferred"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO, TypeVar
 
 import click
 from rich.cells import cell_len
@@ -157,10 +157,10 @@ class Judging:
         #: --skip-warmup when given on the command line; None: the config's, else the default
         self.warmup_s = warmup_s
 
-    def diagnose(self, capture: Path, source_kind: str | None = None) -> Diagnosis:
+    def diagnose(self, paths: Sequence[Path], source_kind: str | None = None) -> Diagnosis:
         from latprof.pipeline import run_configured
 
-        return run_configured([capture], self.config, self.classes, warmup_s=self.warmup_s, source_kind=source_kind)
+        return run_configured(paths, self.config, self.classes, warmup_s=self.warmup_s, source_kind=source_kind)
 
     def command(self, capture: Path) -> str:
         """`latprof analyze` of `capture` as this report was judged."""

@@ -6,7 +6,17 @@ from pathlib import Path
 
 import click
 
-from latprof.cli._common import KEEP_UNTIL_EXIT, config_option, format_option, main, output_option, print_report, warmup_option
+from latprof.cli._common import (
+    KEEP_UNTIL_EXIT,
+    Judging,
+    config_option,
+    format_option,
+    given_warmup,
+    main,
+    output_option,
+    print_report,
+    warmup_option,
+)
 
 
 @main.command()
@@ -24,14 +34,7 @@ def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path 
     .gz; told by content) or directories of them; several are merged. The rules run as the
     config (`[tool.latprof]`, latprof.toml) sets them.
     """
-    from latprof.ci.config import load_config
-    from latprof.engine import all_rules
-    from latprof.pipeline import run_configured
-
-    classes = all_rules()
-    config = load_config(config_path, rule_classes=classes)
-    given = ctx.get_parameter_source("warmup_s") is not click.core.ParameterSource.DEFAULT
-    diagnosis = run_configured(paths, config, classes, warmup_s=warmup_s if given else None)
+    diagnosis = Judging(config_path, given_warmup(ctx, warmup_s)).diagnose(paths)
     print_report(diagnosis.report, fmt, output)
     # The analysis stays referenced until here: `run` leaves without freeing it.
     KEEP_UNTIL_EXIT.append(diagnosis)

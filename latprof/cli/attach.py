@@ -58,7 +58,7 @@ def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: st
             click.echo("", err=True)
     if stats.windows == 0:
         raise CollectorError(f"no stack of PID {pid} was sampled" + (f": {stats.errors[0]}" if stats.errors else ""))
-    diagnosis = judging.diagnose(capture)
+    diagnosis = judging.diagnose([capture])
     print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture),
                          written=f" (PID {pid} exited during it)" if pid in stats.exited else "")  # fmt: skip
 

@@ -79,7 +79,7 @@ def receive(ctx: click.Context, listen: str | None, out: Path | None, duration_s
     if not stats.spans:
         capture.unlink(missing_ok=True)  # nothing in it
         raise CollectorError(f"no spans received on {receiver.endpoint}; was OTEL_EXPORTER_OTLP_ENDPOINT set to {receiver.base_url}?")
-    diagnosis = judging.diagnose(capture, source_kind="receive")
+    diagnosis = judging.diagnose([capture], source_kind="receive")
     print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture),
                          written=f" ({stats.spans:,} spans from {stats.requests:,} export requests)")  # fmt: skip
     KEEP_UNTIL_EXIT.append(diagnosis)

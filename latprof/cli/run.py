@@ -117,7 +117,7 @@ def run(
         click.echo(f"latprof: capture written to {capture}; its report: {judging.command(capture)}", err=True)
         ctx.exit(code)
     try:
-        diagnosis = judging.diagnose(capture)
+        diagnosis = judging.diagnose([capture])
     except LatprofError as exc:
         click.echo(f"latprof: capture written to {capture}", err=True)
         click.echo(f"latprof: no report: {exc}", err=True)
