@@ -239,8 +239,10 @@ def wait_for(path):
 
 def test_left_running(latprof):
     service = latprof.run(sys.executable, "-c", SLEEPER)
-    time.sleep(0.5)
-    children = [p.pid for p in psutil.Process(service.pid).children(recursive=True)]
+    deadline = time.monotonic() + 20  # `latprof run` starts the service once it has imported itself
+    while not (children := [p.pid for p in psutil.Process(service.pid).children(recursive=True)]):
+        assert time.monotonic() < deadline and service.running
+        time.sleep(0.05)
     assert children and service.running
     Path("left-running.pids").write_text(" ".join(map(str, [service.pid, *children])))
 

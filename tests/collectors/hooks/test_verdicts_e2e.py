@@ -1,7 +1,9 @@
 """Verdicts end to end: each `latprof demo` scenario under real uvicorn, real drivers, real load.
 
-Every asyncio scenario runs under both servers the hooks support, (h11, asyncio) and
-(httptools, uvloop); the PostgreSQL and thread-pool scenarios once. Each is 10 s of load
+The pool and blocking-call scenarios run under both servers the hooks support, (h11, asyncio)
+and (httptools, uvloop); the other asyncio scenarios under one each, taking turns, so that both
+servers see every kind of verdict without running each scenario twice (the hook tests run both
+servers on every hook); the PostgreSQL and thread-pool scenarios once. Each is 10 s of load
 (`LATPROF_TEST_DEMO_SECONDS`). PostgreSQL comes from `$LATPROF_TEST_PG`: without it the test
 skips on a developer box and fails in CI.
 """
@@ -26,6 +28,11 @@ DEMO_SECONDS = float(os.environ.get("LATPROF_TEST_DEMO_SECONDS", "10"))
 SERVERS = [(http, loop) for loop, http in CONFIGS]
 SERVER_IDS = [f"{http}+{loop}" for http, loop in SERVERS]
 servers = pytest.mark.parametrize(("http", "loop"), SERVERS, ids=SERVER_IDS)
+
+
+def server(n: int) -> pytest.MarkDecorator:
+    """Only the `n`th of SERVERS."""
+    return pytest.mark.parametrize(("http", "loop"), SERVERS[n : n + 1], ids=SERVER_IDS[n : n + 1])
 
 
 def _demo(tmp_path: Path, scenario: str, *, dsn: str | None = None, http: str = "auto", loop: str = "auto") -> DemoResult:
@@ -93,7 +100,7 @@ def test_threadpool_queueing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@servers
+@server(0)
 def test_provider_floor(tmp_path: Path, http: str, loop: str) -> None:
     result = _demo(tmp_path, "provider-floor", http=http, loop=loop)
     report = result.report
@@ -106,7 +113,7 @@ def test_provider_floor(tmp_path: Path, http: str, loop: str) -> None:
 
 
 @pytest.mark.slow
-@servers
+@server(1)
 def test_provider_spikes(tmp_path: Path, http: str, loop: str) -> None:
     result = _demo(tmp_path, "provider-spikes", http=http, loop=loop)
     _owns_tail(result, PROVIDER, "provider-floor")
@@ -120,7 +127,7 @@ def test_provider_spikes(tmp_path: Path, http: str, loop: str) -> None:
 
 
 @pytest.mark.slow
-@servers
+@server(0)
 def test_long_outputs(tmp_path: Path, http: str, loop: str) -> None:
     result = _demo(tmp_path, "long-outputs", http=http, loop=loop)
     _owns_tail(result, MODEL, "long-decode")
@@ -134,7 +141,7 @@ def test_long_outputs(tmp_path: Path, http: str, loop: str) -> None:
 
 
 @pytest.mark.slow
-@servers
+@server(1)
 def test_healthy(tmp_path: Path, http: str, loop: str) -> None:
     result = _demo(tmp_path, "healthy", http=http, loop=loop)
     report = result.report

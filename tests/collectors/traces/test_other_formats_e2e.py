@@ -101,6 +101,7 @@ def report(path: Path) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow  # records a real service
 @pytest.mark.parametrize(("scenario", "db"), [("pool_held", "sqlalchemy"), ("sequential_tools", "sqlalchemy")])
 def test_jaeger_and_zipkin_copies_of_real_traces_get_the_same_verdict(recording: Callable[..., Path], tmp_path: Path,
                                                                       scenario: str, db: str) -> None:  # fmt: skip

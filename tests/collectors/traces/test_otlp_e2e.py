@@ -49,6 +49,7 @@ def finding(report: dict[str, Any], rule: str) -> dict[str, Any]:
     return found
 
 
+@pytest.mark.slow  # records a real service
 def test_pool_held_across_the_llm_call_with_sqlalchemy_is_db_pool_measured_from_connect(recording: Callable[..., Path]) -> None:
     report = report_of(recording("pool_held", "sqlalchemy"))
     verdict = report["verdict"]
@@ -62,6 +63,7 @@ def test_pool_held_across_the_llm_call_with_sqlalchemy_is_db_pool_measured_from_
     assert report["window"]["requests"] >= 50
 
 
+@pytest.mark.slow  # records a real service
 @pytest.mark.parametrize("db", ["psycopg_pool", "asyncpg"])
 def test_pool_held_without_a_pool_span_is_db_pool_inferred(recording: Callable[..., Path], db: str) -> None:
     report = report_of(recording("pool_held", db))
@@ -82,6 +84,7 @@ def test_pool_held_without_a_pool_span_is_db_pool_inferred(recording: Callable[.
     assert verdict["confidence"] <= found["confidence"]
 
 
+@pytest.mark.slow  # records a real service
 def test_independent_tool_calls_one_after_another_fire_sequential_tool_calls(recording: Callable[..., Path]) -> None:
     report = report_of(recording("sequential_tools"))
     verdict = report["verdict"]
@@ -93,12 +96,14 @@ def test_independent_tool_calls_one_after_another_fire_sequential_tool_calls(rec
     assert "from traces" in evidence["judged_independent_by"]
 
 
+@pytest.mark.slow  # records a real service
 def test_an_agent_loop_does_not_fire_sequential_tool_calls(recording: Callable[..., Path]) -> None:
     report = report_of(recording("agent_loop"))
     assert report["verdict"]["layer"] is not None  # 4 turns in the tail: there is a tail to explain
     assert "sequential-tool-calls" not in [f["rule"] for f in report["findings"]]
 
 
+@pytest.mark.slow  # records a real service
 def test_slow_queries_are_db_query(recording: Callable[..., Path]) -> None:
     report = report_of(recording("slow_query", "psycopg_pool", duration_s=4))
     verdict = report["verdict"]
@@ -107,12 +112,14 @@ def test_slow_queries_are_db_query(recording: Callable[..., Path]) -> None:
     assert "db-pool-exhaustion" not in [f["rule"] for f in report["findings"]]  # a slow statement is no pool wait
 
 
+@pytest.mark.slow  # records a real service
 def test_a_healthy_service_gets_no_verdict(recording: Callable[..., Path]) -> None:
     report = report_of(recording("healthy", "sqlalchemy", duration_s=5))
     verdict = report["verdict"]
     assert verdict["layer"] is None and verdict["status"] == "no_tail", verdict
 
 
+@pytest.mark.slow  # records a real service
 def test_protobuf_json_with_base64_ids_reads_like_the_file_exporter(recording: Callable[..., Path]) -> None:
     path = recording("healthy", "asyncpg", duration_s=5, mode="protobuf-json", compression="gzip")
     report = report_of(path)
@@ -122,6 +129,7 @@ def test_protobuf_json_with_base64_ids_reads_like_the_file_exporter(recording: C
     assert {"db.query", "unattributed"} <= {r["layer"] for r in report["layers"]}
 
 
+@pytest.mark.slow  # records a real service
 def test_a_gzipped_file_and_a_directory_of_them_read_the_same(recording: Callable[..., Path], tmp_path: Path) -> None:
     source = recording("sequential_tools")
     packed = tmp_path / "export" / "traces-2026.json.gz"  # named as the Collector rotates, compressed
@@ -169,6 +177,7 @@ def test_malformed_documents_give_one_line_and_exit_2(tmp_path: Path, content: b
     assert len(lines) == 1 and message in lines[0] and str(path) in lines[0], done.stderr
 
 
+@pytest.mark.slow  # records a real service
 def test_a_called_service_at_its_fixed_concurrency_is_queue_inferred(recording: Callable[..., Path]) -> None:
     """A gateway calls a tool service that runs one gunicorn sync worker: bursts of calls wait in
     its accept backlog, which no span covers; its server spans run back to back."""
