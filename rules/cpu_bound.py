@@ -34,8 +34,13 @@ class CpuBound(Rule):
         outside the process is slow, so adding connections, raising timeouts or scaling the
         database changes nothing; the tail grows with the load.
 
+        A thread waiting for the GIL (a timed futex wait while another thread of the process
+        runs) counts here, not as lock contention: it waits for the CPU, and no lock of the
+        service is involved.
+
     Evidence:
-        the share of busy worker time (and of busy plus queue time) spent running Python,
+        the share of busy worker time (and of busy plus queue time) spent running Python
+        (`gil_wait_share`: how much of it was threads waiting for the GIL),
         the number of workers and how often they were idle, the stack samples behind it, their
         signatures, and the three hottest frames of the service's own code as "function
         (file)" with their sample counts.

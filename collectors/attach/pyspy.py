@@ -23,7 +23,7 @@ from pathlib import Path
 from time import time_ns
 from typing import Any
 
-from latprof.collectors.attach.stacks import Frame, frames_from_pyspy
+from latprof.collectors.attach.stacks import GIL_MARK, Frame, frames_from_pyspy
 
 #: How long one `py-spy dump` may take before it is given up.
 DUMP_TIMEOUT_S = 10.0
@@ -83,6 +83,41 @@ def wchan(pid: int, tid: int) -> str | None:
         return None
 
 
+#: `futex(2)`'s system call number, per machine (`/proc/PID/task/TID/syscall`'s first field).
+FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine)
+
+
+def timed_futex(pid: int, tid: int) -> bool:
+    """Thread `tid` of `pid` sits in a futex wait with a timeout (`/proc/PID/task/TID/syscall`:
+    the call's number, then its arguments; futex's fourth is the timeout pointer). False when
+    it cannot be read (another machine, no permission, the thread moved on)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    try:
+        return FUTEX_SYSCALL is not None and int(fields[0]) == FUTEX_SYSCALL and int(fields[4], 16) != 0
+    except (IndexError, ValueError):  # "running", or a short line
+        return False
+
+
+def mark_gil_waits(pid: int, channels: dict[int, str]) -> dict[int, str]:
+    """One reading of every thread of `pid` (tid -> wait channel), with `GIL_MARK` appended to
+    the futex waits that wait for the GIL: timed (CPython waits for the GIL on a condition with
+    the switch interval as timeout; `threading.Lock.acquire()` without a timeout waits untimed)
+    while another thread of the process runs ("0"). A lock acquired with a timeout, waited for
+    while another thread runs, reads the same: a limit, said in docs/attach.md."""
+    running = [tid for tid, value in channels.items() if value == "0"]
+    if not running:
+        return channels
+    marked = dict(channels)
+    for tid, value in channels.items():
+        if value.startswith("futex") and any(r != tid for r in running) and timed_futex(pid, tid):
+            marked[tid] = value + GIL_MARK
+    return marked
+
+
 def dump(pid: int, *, timeout_s: float = DUMP_TIMEOUT_S) -> list[ThreadSample]:
     """One snapshot of every thread of `pid`, without pausing it."""
     if not os.path.exists(f"/proc/{pid}"):
@@ -100,16 +135,14 @@ def dump(pid: int, *, timeout_s: float = DUMP_TIMEOUT_S) -> list[ThreadSample]:
         threads: Any = json.loads(out.stdout)
     except ValueError:
         raise SamplerError(f"py-spy dump of PID {pid} printed something that is not JSON") from None
-    samples = []
-    for thread in threads if isinstance(threads, list) else ():
-        tid = thread.get("os_thread_id")
-        if not isinstance(tid, int):
-            continue
-        samples.append(
-            ThreadSample(pid, tid, str(thread.get("thread_name") or ""), frames_from_pyspy(thread),
-                         thread.get("active") if isinstance(thread.get("active"), bool) else None, wchan(pid, tid))
-        )  # fmt: skip
-    return samples
+    found = [t for t in (threads if isinstance(threads, list) else ()) if isinstance(t.get("os_thread_id"), int)]
+    read = {t["os_thread_id"]: wchan(pid, t["os_thread_id"]) for t in found}
+    channels = mark_gil_waits(pid, {tid: value for tid, value in read.items() if value is not None})
+    return [
+        ThreadSample(pid, t["os_thread_id"], str(t.get("thread_name") or ""), frames_from_pyspy(t),
+                     t.get("active") if isinstance(t.get("active"), bool) else None, channels.get(t["os_thread_id"]))
+        for t in found
+    ]  # fmt: skip
 
 
 def _explain(pid: int, stderr: str) -> str:
@@ -302,11 +335,12 @@ class WaitChannels:
                     tids = os.listdir(f"/proc/{pid}/task")
                 except OSError:
                     continue
+                sweep: dict[int, str] = {}
                 for tid_text in tids:
-                    tid = int(tid_text)
-                    value = wchan(pid, tid)
-                    if value is None:
-                        continue
+                    value = wchan(pid, int(tid_text))
+                    if value is not None:
+                        sweep[int(tid_text)] = value
+                for tid, value in mark_gil_waits(pid, sweep).items():
                     key = (pid, tid)
                     readings = self._readings.get(key)
                     if readings is None:

@@ -18,7 +18,9 @@ matches and takes the first specific one; only when none is found does the gener
 
 Blocking C calls leave no Python frame of their own (`time.sleep`, `lock.acquire()`, a
 psycopg2 execute, `socket.recv`): the innermost frame is their caller's. When no signature
-matches, the wait channel tells them apart: a futex wait (any lock) is `lock`, a timed sleep
+matches, the wait channel tells them apart: a futex wait is `lock` — unless it is a wait for the
+GIL (timed, while another thread of the process runs: `GIL_MARK`), which is `app`: threads
+waiting for the GIL wait for the CPU, no lock the service could fix is involved — a timed sleep
 stays unattributed (`sleep`), a socket wait is unattributed (`socket`); a thread running Python
 (wait channel `0`, or py-spy's `active`) is `app`.
 
@@ -163,6 +165,11 @@ _INNERMOST_ONLY = frozenset({"executor.idle", "anyio.worker_idle", "asyncio.sele
 #: Kernel wait channels (`/proc/PID/task/TID/wchan`) and what a thread without a matching frame
 #: waits for there.
 _WCHAN_LOCK = ("futex",)
+#: Appended to a futex wait channel by the sampler (`pyspy.mark_gil_waits`) when the wait was a
+#: timed one while another thread of the process was running: how a thread waits for the GIL
+#: (CPython's GIL is a condition variable waited on with the switch interval as timeout; a
+#: blocking `threading.Lock.acquire()` waits untimed).
+GIL_MARK = "+gil"
 _WCHAN_SLEEP = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep")
 _WCHAN_SOCKET = ("poll_schedule_timeout", "wait_woken", "sk_wait_data", "do_select", "do_sys_poll")
 #: An epoll wait no Python frame explains is an event loop in native code waiting for events:
@@ -369,6 +376,8 @@ def by_wait_channel(wchan: str | None, active: bool | None) -> Classification:
     if w == "":  # not running, and no wait channel to say what it waits for
         return Classification(BUSY, None, "waiting")
     if w.startswith(_WCHAN_LOCK):
+        if w.endswith(GIL_MARK):  # waiting for the GIL is waiting for the CPU: the service's own Python
+            return Classification(BUSY, APP, "wchan.gil", wchan=w)
         return Classification(BUSY, LOCK, "wchan.futex", wchan=w)
     if w.startswith(_WCHAN_SLEEP):
         return Classification(BUSY, None, "wchan.sleep", wchan=w)

@@ -108,6 +108,29 @@ def test_a_global_lock_in_a_threaded_server_gives_lock(tmp_path):
     assert list(finding["evidence"]["hot_frames"])[0].startswith("locked (")
 
 
+def test_threads_waiting_for_the_gil_give_app_not_lock(tmp_path):
+    """Three CPU-bound threads and no lock: the two waiting for the GIL sit in a futex like a
+    lock wait, but a timed one while another thread runs. That is waiting for the CPU (app)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests/attach/apps/gil_threads.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+        done = subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(proc.pid), "--duration", "3",
+                               "--format", "json", "--out", str(tmp_path / "c.jsonl")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    verdict = report["verdict"]
+    assert (verdict["layer"], verdict["rule"]) == ("app", "cpu-bound"), verdict
+    assert not [f for f in report["findings"] if f["layer"] == "lock"], report["findings"]
+    (finding,) = [f for f in report["findings"] if f["rule"] == "cpu-bound"]
+    # two of three threads wait for the GIL at any moment (about 2/3 of busy time)
+    assert finding["evidence"]["gil_wait_share"] >= 0.4, finding["evidence"]
+    assert "GIL" in finding["summary"] and list(finding["evidence"]["hot_frames"])[0].startswith("spin (")
+
+
 def test_a_healthy_service_gets_no_verdict(tmp_path):
     # 6 s: with the machine's cores busy a worker's first recorder window can start 2 s late (those seconds are None)
     report, _ = attach_under_load(tmp_path, ["-w", "2"], "/chat/1?ms=1", 1, pause_s=0.2, duration_s=6)

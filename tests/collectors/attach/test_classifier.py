@@ -105,6 +105,7 @@ def test_a_busy_executor_worker_is_not_idle_though_its_worker_loop_is_on_the_sta
     [
         ("0", True, APP, "running"),
         ("futex_do_wait", False, LOCK, "wchan.futex"),
+        ("futex_wait_queue+gil", False, APP, "wchan.gil"),  # a GIL wait (`pyspy.mark_gil_waits`) waits for the CPU
         ("hrtimer_nanosleep", False, None, "wchan.sleep"),
         ("wait_woken", False, None, "wchan.socket"),
         (None, True, APP, "running"),

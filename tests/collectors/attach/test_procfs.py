@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -63,3 +64,46 @@ def test_outbound_connections_by_remote_endpoint():
         end(scenario)
     pg = {k: n for k, n in endpoints.items() if k[1] == 5432 and k[2] == "ESTABLISHED"}
     assert sum(pg.values()) == 1, endpoints  # the pool's only connection, held by the holder thread
+
+
+def test_a_timed_futex_wait_beside_a_running_thread_is_marked_a_gil_wait_and_an_untimed_one_is_not():
+    """Real threads of this process, read from /proc: one waits with a timeout (an Event, as a
+    thread waits for the GIL: timed), one in `Lock.acquire()` (untimed). Only the timed one, and
+    only while another thread runs, is a GIL wait."""
+    import threading
+
+    from latprof.collectors.attach import pyspy
+
+    held, event = threading.Lock(), threading.Event()
+    held.acquire()
+    tids: dict[str, int] = {}
+
+    def timed() -> None:
+        tids["timed"] = threading.get_native_id()
+        event.wait(60)
+
+    def untimed() -> None:
+        tids["untimed"] = threading.get_native_id()
+        held.acquire()
+        held.release()
+
+    threads = [threading.Thread(target=timed, daemon=True), threading.Thread(target=untimed, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        pid = os.getpid()
+        deadline = time.monotonic() + 10
+        while not (len(tids) == 2 and all((pyspy.wchan(pid, t) or "").startswith("futex") for t in tids.values())):
+            assert time.monotonic() < deadline, {k: pyspy.wchan(pid, t) for k, t in tids.items()}
+            time.sleep(0.01)
+        assert pyspy.timed_futex(pid, tids["timed"]) and not pyspy.timed_futex(pid, tids["untimed"])
+        waits = {tid: pyspy.wchan(pid, tid) or "" for tid in tids.values()}
+        running = threading.get_native_id()  # this thread, said to be running
+        marked = pyspy.mark_gil_waits(pid, {**waits, running: "0"})
+        assert marked[tids["timed"]].endswith("+gil") and not marked[tids["untimed"]].endswith("+gil"), marked
+        assert pyspy.mark_gil_waits(pid, waits) == waits  # nothing else running: no GIL to wait for
+    finally:
+        event.set()
+        held.release()
+        for t in threads:
+            t.join(5)
