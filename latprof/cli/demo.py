@@ -35,16 +35,23 @@ from latprof.cli._common import KEEP_UNTIL_EXIT, format_option, main, output_opt
     metavar="S",
     help="Seconds of load [default: $LATPROF_DEMO_SECONDS or 20].",
 )
+@click.option(
+    "--attach",
+    is_flag=True,
+    help="Start the service plainly and diagnose it with `latprof attach` (sampling from outside) instead of `latprof run`'s hooks.",
+)
 @format_option
 @output_option("report")
-def demo(scenario: str, dsn: str | None, out: Path | None, duration_s: float | None, fmt: str, output: Path | None) -> None:
+def demo(scenario: str, dsn: str | None, out: Path | None, duration_s: float | None, attach: bool, fmt: str,
+         output: Path | None) -> None:  # fmt: skip
     """Run a bundled AI service with a known fault under load, and diagnose it.
 
     Starts a local OpenAI-compatible provider and a small FastAPI + SQLAlchemy + openai service
     under `latprof run`, sends open-loop load for ~20 s, stops the service and prints the report.
+    With --attach the service runs without latprof and `latprof attach` samples it meanwhile.
     """
     from latprof.demo.run import run_demo
 
-    result = run_demo(scenario, dsn=dsn, capture=out, duration_s=duration_s, warmup_s=DEFAULT_WARMUP_S)
+    result = run_demo(scenario, dsn=dsn, capture=out, duration_s=duration_s, warmup_s=DEFAULT_WARMUP_S, attach=attach)
     print_report(result.report, fmt, output)
     KEEP_UNTIL_EXIT.append(result)

@@ -1,7 +1,9 @@
 """`latprof demo`: a bundled provider and AI service with a known fault, load, and the diagnosis.
 
 The provider runs in a thread of this process; the service runs under `latprof run` (so the
-hooks load in it exactly as for a user's service) and is stopped with SIGTERM by pid.
+hooks load in it exactly as for a user's service) and is stopped with SIGTERM by pid. With
+`attach=True` the service runs plainly (no latprof in it) and `latprof attach --pid` samples it
+from outside while the load runs: the same fault as attach sees it.
 """
 
 from __future__ import annotations
@@ -96,12 +98,15 @@ def run_demo(
     http: str = "auto",
     loop: str = "auto",
     max_rate: float | None = None,
+    attach: bool = False,
 ) -> DemoResult:
     """Run `scenario` end to end and diagnose it; the capture is kept at `capture`.
 
     `http` and `loop` are uvicorn's `--http` (h11, httptools) and `--loop` (asyncio, uvloop);
     "auto" lets uvicorn pick (httptools and uvloop when installed). `max_rate` is `latprof
-    run --max-rate` (None: its default, far above any scenario's rate).
+    run --max-rate` (None: its default, far above any scenario's rate). `attach`: start the
+    service plainly and diagnose it with `latprof attach` over the load instead (`max_rate` and
+    `warmup_s` do not apply: attach records no requests).
     """
     spec = get_scenario(scenario)
     if http not in HTTP_IMPLEMENTATIONS:
@@ -142,12 +147,14 @@ def run_demo(
                 "LATPROF_DEMO_THREADPOOL_TOKENS": str(spec.threadpool_tokens),
                 "LATPROF_DEMO_EXPORT_BLOCK_MS": str(spec.export_block_ms),
             }
-            cmd = [
-                sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture),
-                *(["--max-rate", f"{max_rate:g}"] if max_rate is not None else []), "--",
+            service = [
                 sys.executable, "-m", "uvicorn", "latprof.demo.service:app", "--host", "127.0.0.1",
                 "--port", str(port), "--log-level", "warning", "--no-access-log",
                 "--http", http, "--loop", loop,
+            ]  # fmt: skip
+            cmd = service if attach else [
+                sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture),
+                *(["--max-rate", f"{max_rate:g}"] if max_rate is not None else []), "--", *service,
             ]  # fmt: skip
             log_path = workdir / "service.log"
             with open(log_path, "wb") as log:
@@ -165,6 +172,7 @@ def run_demo(
                     say(
                         f"service up on {base_url} (pid {proc.pid}); {spec.rate_rps:g} requests/s for {seconds:g} s"
                     )
+                    sampler = _start_attach(proc.pid, capture, seconds, workdir) if attach else None
                     load = drive(
                         base_url,
                         spec.path,
@@ -173,6 +181,8 @@ def run_demo(
                         progress=progress,
                         mix=spec.mix,
                     )
+                    if sampler is not None:
+                        _finish_attach(sampler, workdir)
                 finally:
                     code = _stop(proc)
             if load.errors and progress is not None:
@@ -186,6 +196,30 @@ def run_demo(
         say(f"capture written to {capture}; diagnosing")
         diagnosis = run_diagnosis([capture], warmup_s=warmup_s)
     return DemoResult(spec, capture, diagnosis, load)
+
+
+#: Seconds `latprof attach` takes to start sampling; its duration leaves them out of the load's.
+ATTACH_START_S = 1.0
+
+
+def _start_attach(pid: int, capture: Path, seconds: float, workdir: Path) -> subprocess.Popen[bytes]:
+    """`latprof attach --pid` over the load: it samples while the load runs and ends with it."""
+    duration = max(1.0, seconds - ATTACH_START_S)
+    cmd = [sys.executable, "-m", "latprof", "attach", "--pid", str(pid), "--duration", f"{duration:g}",
+           "--out", str(capture), "--format", "json", "--output", str(workdir / "attach-report.json")]  # fmt: skip
+    with open(workdir / "attach.log", "wb") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _finish_attach(sampler: subprocess.Popen[bytes], workdir: Path) -> None:
+    try:
+        code = sampler.wait(timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        sampler.kill()
+        sampler.wait()
+        raise CollectorError("latprof attach did not finish after the load") from None
+    if code != 0:
+        raise CollectorError(f"latprof attach exited with {code}: {_tail(workdir / 'attach.log')}")
 
 
 def _tail(path: Path, chars: int = 2000) -> str:

@@ -1,0 +1,123 @@
+"""The scoreboard: how often each way of collecting names the right layer on latprof's own faults.
+
+    python benchmarks/accuracy.py [--modes run,attach] [--repeat 1] [--seconds 14] [--dsn URL]
+                                  [--write docs/accuracy.md]
+
+Runs every `latprof demo` scenario (a FastAPI + SQLAlchemy + openai service with one known fault,
+a provider started here, open-loop load) once per mode and repetition: `run` records it with
+`latprof run`'s hooks, `attach` starts it plainly and samples it with `latprof attach --pid`
+(`latprof demo --attach`). Each verdict is scored against the scenario's known layer:
+
+- **right**: the known layer (or no layer, where the scenario has no tail);
+- **honest**: no layer, or `unattributed`, where the data could not tell;
+- **wrong**: another layer; **confidently wrong** when its confidence is >= 0.5 (the CI test
+  `tests/attach/test_accuracy_e2e.py` fails on those).
+
+Prints a Markdown table; `--write FILE` replaces the part of FILE between the scoreboard markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from latprof.demo.run import run_demo
+from latprof.demo.scenarios import SCENARIOS, Scenario
+from latprof.layers import UNATTRIBUTED
+
+#: A verdict naming a wrong layer at this confidence or more sends people to fix the wrong thing.
+CONFIDENT = 0.5
+BEGIN, END = "<!-- scoreboard:begin -->", "<!-- scoreboard:end -->"
+PG_DSN = os.environ.get("LATPROF_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    scenario: Scenario
+    mode: str
+    layer: str | None
+    status: str
+    confidence: float | None
+    rule: str | None
+
+    @property
+    def score(self) -> str:
+        return score(self.scenario.expected_layer, self.layer, self.confidence)
+
+    def cell(self) -> str:
+        said = self.layer or self.status.replace("_", " ")
+        more = ", ".join(x for x in (f"{self.confidence:.2f}" if self.layer else "", self.rule or "") if x)
+        return f"{said}{f' ({more})' if more else ''}: {self.score}"
+
+
+def score(expected: str | None, layer: str | None, confidence: float | None) -> str:
+    """right, honest, wrong, or confidently wrong (see the module's docstring)."""
+    if layer == expected:
+        return "right"
+    if layer is None or layer == UNATTRIBUTED:
+        return "honest"
+    return "confidently wrong" if (confidence or 0.0) >= CONFIDENT else "wrong"
+
+
+def run_one(scenario: Scenario, mode: str, seconds: float, dsn: str | None) -> Outcome:
+    with tempfile.TemporaryDirectory(prefix="latprof-accuracy-") as tmp:
+        result = run_demo(scenario.name, dsn=dsn, capture=Path(tmp) / "capture.jsonl", duration_s=seconds,
+                          progress=None, attach=mode == "attach")  # fmt: skip
+    verdict = result.report.verdict
+    return Outcome(scenario, mode, verdict.layer, verdict.status, verdict.confidence, verdict.rule)
+
+
+def table(outcomes: list[Outcome], modes: list[str]) -> str:
+    lines = ["| scenario | known layer | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
+    for scenario in SCENARIOS.values():
+        cells = []
+        for mode in modes:
+            got = [o for o in outcomes if o.scenario is scenario and o.mode == mode]
+            cells.append("<br>".join(o.cell() for o in got) or "-")
+        lines.append(f"| {scenario.name} | {scenario.expected_layer or 'none (no tail)'} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for mode in modes:
+        got = [o for o in outcomes if o.mode == mode]
+        counts = {k: sum(1 for o in got if o.score == k) for k in ("right", "honest", "wrong", "confidently wrong")}
+        lines.append(f"- **{mode}**: right {counts['right']} of {len(got)}, honest {counts['honest']},"
+                     f" wrong {counts['wrong']}, confidently wrong {counts['confidently wrong']}")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--modes", default="run,attach", help="comma-separated: run, attach")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=14.0, help="seconds of load per run")
+    parser.add_argument("--dsn", default=PG_DSN, help="the demo's database (PostgreSQL, so attach sees its sockets)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--write", type=Path, help="replace the scoreboard between its markers in this file")
+    args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    outcomes: list[Outcome] = []
+    started = time.strftime("%Y-%m-%d")
+    for _ in range(args.repeat):
+        for name in args.scenarios.split(","):
+            for mode in modes:
+                outcome = run_one(SCENARIOS[name], mode, args.seconds, args.dsn)
+                print(f"{name:22} {mode:7} {outcome.cell()}", file=sys.stderr, flush=True)
+                outcomes.append(outcome)
+    text = table(outcomes, modes)
+    print(text)
+    if args.write:
+        page = args.write.read_text()
+        head, _, rest = page.partition(BEGIN)
+        _, _, tail = rest.partition(END)
+        note = (f"Measured {started} by `python benchmarks/accuracy.py --repeat {args.repeat} --seconds {args.seconds:g}"
+                f" --write {args.write}` (PostgreSQL at 127.0.0.1, 2-core VM).\n\n")  # fmt: skip
+        args.write.write_text(f"{head}{BEGIN}\n{note}{text}{END}{tail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Never a confident wrong layer from attach: every `latprof demo` fault, started plainly and attached to.
+
+Each scenario's service runs without latprof (`latprof demo --attach`: `run_demo(attach=True)`)
+under its load, with PostgreSQL so its database sockets are visible, and `latprof attach --pid`
+samples it meanwhile. The verdict must be the fault's layer, or honestly none / `unattributed`:
+a layer other than the fault's is what sends people to fix the wrong thing
+(`benchmarks/accuracy.py` scores the same runs for docs/accuracy.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from services import require_pg
+
+from latprof.demo.run import run_demo
+from latprof.demo.scenarios import SCENARIOS
+from latprof.layers import UNATTRIBUTED
+
+pytestmark = pytest.mark.slow  # a real service under load, sampled from outside
+
+PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_attach_names_the_fault_or_says_it_cannot_tell(tmp_path: Path, name: str) -> None:
+    require_pg(PG_DSN)
+    scenario = SCENARIOS[name]
+    result = run_demo(name, dsn=PG_DSN, capture=tmp_path / "attach.jsonl", duration_s=10, progress=None, attach=True)
+    report, verdict = result.report, result.report.verdict
+    print(f"{name}: attach verdict {verdict.layer} ({verdict.status}) confidence {verdict.confidence} rule {verdict.rule}")
+    assert report.source["kind"] == "attach" and result.load.errors == 0, result.load.error_samples
+    # right, or honest: what benchmarks/accuracy.py scores "right" and "honest"; anything else is wrong
+    assert verdict.layer in (scenario.expected_layer, None, UNATTRIBUTED), verdict
