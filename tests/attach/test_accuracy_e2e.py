@@ -9,6 +9,7 @@ a layer other than the fault's is what sends people to fix the wrong thing
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from latprof.layers import UNATTRIBUTED
 
 pytestmark = pytest.mark.slow  # a real service under load, sampled from outside
 
-PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+PG_DSN = os.environ.get("LATPROF_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
