@@ -338,10 +338,11 @@ def layer_findings(rule: Rule, aa: AttachAnalysis, layer: str, *, min_share: flo
     if layer in (DB_POOL, HTTP_POOL) and aa.connections:
         evidence["connections_established_peak"] = dict(aa.connections)
     summary = f"{share:.0%} of busy worker time plus queue time was spent {_DOING[layer]}"
-    gil = aa.signatures.get(APP, Counter())["wchan.gil"] / aa.rate_hz if layer == APP else 0.0
-    if gil > 0:
-        evidence["gil_wait_share"] = round(gil / aa.busy_s[APP], 4)
-        summary += (f", {gil / aa.busy_s[APP]:.0%} of it threads waiting for the GIL while another ran"
+    app_s = aa.busy_s.get(APP, 0.0) if layer == APP else 0.0
+    gil_share = aa.signatures[APP]["wchan.gil"] / aa.rate_hz / app_s if app_s > 0 else 0.0
+    if gil_share > 0:
+        evidence["gil_wait_share"] = round(gil_share, 4)
+        summary += (f", {gil_share:.0%} of it threads waiting for the GIL while another ran"
                     " (the GIL lets one thread at a time run Python: more threads do not add CPU)")  # fmt: skip
     if layer == QUEUE and "mean_backlog_wait_ms" in aa.backlog:
         summary += f" (mean accept queue {aa.backlog['mean_accept_queue']:g}, about {aa.backlog['mean_backlog_wait_ms']:g} ms per connection)"

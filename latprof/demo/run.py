@@ -157,6 +157,7 @@ def run_demo(
                 *(["--max-rate", f"{max_rate:g}"] if max_rate is not None else []), "--", *service,
             ]  # fmt: skip
             log_path = workdir / "service.log"
+            sampler: subprocess.Popen[bytes] | None = None
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
                     cmd,
@@ -184,6 +185,9 @@ def run_demo(
                     if sampler is not None:
                         _finish_attach(sampler, workdir)
                 finally:
+                    if sampler is not None and sampler.poll() is None:  # the load failed: attach goes too
+                        sampler.kill()
+                        sampler.wait()
                     code = _stop(proc)
             if load.errors and progress is not None:
                 say(

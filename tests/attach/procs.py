@@ -81,6 +81,13 @@ def gunicorn(port: int, *args: str) -> list[str]:
             "--log-level", "warning"]  # fmt: skip
 
 
+def attach_cli(pid: int, tmp_path: Path, duration_s: float) -> subprocess.CompletedProcess[str]:
+    """`latprof attach --pid PID --duration S --format json`, its capture in `tmp_path`."""
+    return subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(pid), "--duration", f"{duration_s:g}",
+                           "--format", "json", "--out", str(tmp_path / "c.jsonl")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
 def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clients: int, *, pause_s: float = 0.0,
                       env: dict[str, str] | None = None, server: list[str] | None = None,
                       attach_args: tuple[str, ...] = (), duration_s: float = 4, config: Path | None = None,

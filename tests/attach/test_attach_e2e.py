@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from attach.procs import ROOT, attach_under_load
+from attach.procs import ROOT, attach_cli, attach_under_load
 import services  # tests/services.py: the local services the tests use
 
 pytestmark = pytest.mark.slow  # real servers, sampled from outside
@@ -114,9 +114,7 @@ def test_threads_waiting_for_the_gil_give_app_not_lock(tmp_path):
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests/attach/apps/gil_threads.py")], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
-        done = subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(proc.pid), "--duration", "3",
-                               "--format", "json", "--out", str(tmp_path / "c.jsonl")],
-                              cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+        done = attach_cli(proc.pid, tmp_path, 3)
     finally:
         proc.kill()
         proc.communicate()
@@ -161,9 +159,7 @@ def test_a_target_that_exits_during_the_capture_still_gets_a_report_that_says_so
     proc = subprocess.Popen([sys.executable, "-c", script])
     try:
         time.sleep(0.3)
-        out = subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(proc.pid), "--duration", "5",
-                              "--format", "json", "--out", str(tmp_path / "c.jsonl")],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = attach_cli(proc.pid, tmp_path, 5)
     finally:
         proc.kill()
         proc.wait()
