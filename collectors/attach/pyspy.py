@@ -20,13 +20,17 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from time import time_ns
+from time import sleep, time_ns
 from typing import Any
 
 from latprof.collectors.attach.stacks import GIL_MARK, Frame, frames_from_pyspy
 
 #: How long one `py-spy dump` may take before it is given up.
 DUMP_TIMEOUT_S = 10.0
+#: A non-blocking read of a Python process can fail when it races the interpreter (threads
+#: starting, frames changing under it): `dump` tries this many times, `RETRY_S` apart.
+DUMP_ATTEMPTS = 3
+RETRY_S = 0.2
 
 
 class SamplerError(Exception):
@@ -122,15 +126,20 @@ def dump(pid: int, *, timeout_s: float = DUMP_TIMEOUT_S) -> list[ThreadSample]:
     """One snapshot of every thread of `pid`, without pausing it."""
     if not os.path.exists(f"/proc/{pid}"):
         raise SamplerError(f"no process with PID {pid}")
-    try:
-        out = subprocess.run(
-            [py_spy(), "dump", "--pid", str(pid), "--json", "--nonblocking"],
-            capture_output=True, text=True, timeout=timeout_s,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise SamplerError(f"py-spy dump of PID {pid} did not answer within {timeout_s:g} s") from None
-    if out.returncode != 0:
-        raise SamplerError(_explain(pid, out.stderr or out.stdout))
+    for attempt in range(1, DUMP_ATTEMPTS + 1):
+        try:
+            out = subprocess.run(
+                [py_spy(), "dump", "--pid", str(pid), "--json", "--nonblocking"],
+                capture_output=True, text=True, timeout=timeout_s,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise SamplerError(f"py-spy dump of PID {pid} did not answer within {timeout_s:g} s") from None
+        if out.returncode == 0:
+            break
+        message = out.stderr or out.stdout
+        if attempt == DUMP_ATTEMPTS or _permission(message) or not alive(pid) or is_python(pid) is not True:
+            raise SamplerError(_explain(pid, message))
+        sleep(RETRY_S)  # a Python process read while its interpreter changed: read it again
     try:
         threads: Any = json.loads(out.stdout)
     except ValueError:
@@ -149,16 +158,42 @@ def _explain(pid: int, stderr: str) -> str:
     """py-spy's failure as one line that says what to do."""
     text = " ".join(stderr.split())
     lower = text.lower()
-    if "permission" in lower or "operation not permitted" in lower or "ptrace" in lower:
+    if _permission(stderr):
         return (
             f"not permitted to read PID {pid}: run latprof as the same user or root; check"
             " kernel.yama.ptrace_scope (0 or 1); in a container add --cap-add SYS_PTRACE"
         )
     if "no such process" in lower or not os.path.exists(f"/proc/{pid}"):
         return f"PID {pid} exited"
-    if "python" in lower and ("not" in lower or "fail" in lower):
+    python = is_python(pid)
+    if python is False or (python is None and "python" in lower and ("not" in lower or "fail" in lower)):
         return _not_python(pid)
     return f"py-spy failed on PID {pid}: {_first_line(stderr)[:300]}"
+
+
+def _permission(message: str) -> bool:
+    lower = message.lower()
+    return "permission" in lower or "operation not permitted" in lower or "ptrace" in lower
+
+
+def is_python(pid: int) -> bool | None:
+    """Whether `pid` runs a Python interpreter: its executable is named python, or it maps a
+    libpython (uWSGI, an embedding program). None when that cannot be read (gone, not permitted).
+
+    Told from the process, not from py-spy's message: a read of a Python process that raced its
+    interpreter fails with words ("Failed to ... python ...") that also fit a process with no
+    Python in it."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    if "python" in os.path.basename(exe).lower():
+        return True
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return any("libpython" in line for line in f)
+    except OSError:
+        return None
 
 
 def _first_line(text: str) -> str:

@@ -53,7 +53,9 @@ from latprof.attach.wire import (
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
 from latprof.report.model import LayerRow, Report, WindowRow
 from latprof.report.verdict import decide_verdict
-from latprof.collectors.attach.stacks import BUSY, IDLE, Classification, classify_sample, event_loop_thread, has_frame, own_frame
+from latprof.collectors.attach.stacks import (
+    BUSY, IDLE, LOOP_FRAMES, Classification, classify_sample, event_loop_thread, has_frame, own_frame,
+)
 from latprof.analysis.timeline import Timeline
 
 #: What an inferred pool on an asyncio server is inferred from (`evidence.inferred_from`).
@@ -363,6 +365,16 @@ def loop_held(aa: AttachAnalysis, *, min_busy_share: float = LOOP_SATURATED_SHAR
     return aa.loop is not None and aa.loop.held_at(min_busy_share, min_blocked_share)
 
 
+def loop_delayed_requests(aa: AttachAnalysis) -> bool:
+    """Whether a held loop kept requests waiting. On an asyncio server seen by its socket census,
+    only when the loop's part of request time holds `MIN_VERDICT_SHARE`: a loop thread seldom
+    in its epoll wait while the requests in flight all wait at outbound endpoints (or while the
+    machine's CPUs are busy elsewhere: a runnable thread reads as running) did not make them
+    slow, and naming it would send people to the wrong layer. Without a census the samples are
+    all there is: held is enough."""
+    return not aa.asyncio or aa.share(EVENT_LOOP) >= MIN_VERDICT_SHARE
+
+
 def loop_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
     """What the samples say of a held loop: (summary, evidence, confidence)."""
     loop = aa.loop
@@ -385,11 +397,20 @@ def loop_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
     top = aa.hot_frames.get(EVENT_LOOP)
     if top:
         what = aa.held_by.most_common(1)[0][0] if aa.held_by else ""
-        summary += f", mostly at {top.most_common(1)[0][0]}" + (f" ({_held_words(what)})" if what else "")
-    summary += "; every other request on the loop waited meanwhile."
+        where = top.most_common(1)[0][0]
+        if what in (APP, "running") and where.endswith(_LOOP_FILES):  # no Python frame above the loop's own
+            what = "native"
+        summary += f", mostly at {where}" + (f" ({_held_words(what)})" if what else "")
     share = aa.share(EVENT_LOOP) if aa.asyncio else busy
     evidence["share_of_request_time"] = round(share, 4)
-    return summary, evidence, round(min(1.0, max(busy, loop.blocked_share * 5)), 3)
+    confidence = min(1.0, max(busy, loop.blocked_share * 5))
+    if loop_delayed_requests(aa):
+        summary += "; every other request on the loop waited meanwhile."
+    else:  # measured on the loop's thread, but the requests were not waiting for it: no cause of their latency
+        confidence = min(confidence, share / MIN_VERDICT_SHARE)
+        summary += (f"; yet the requests in flight spent only {share:.0%} of their time waiting for it (the rest"
+                    " at outbound endpoints or in the backlog), so it did not make them slow.")  # fmt: skip
+    return summary, evidence, round(confidence, 3)
 
 
 def loop_findings(rule: Rule, aa: AttachAnalysis, *, min_busy_share: float, min_blocked_share: float) -> list[Finding]:
@@ -398,15 +419,22 @@ def loop_findings(rule: Rule, aa: AttachAnalysis, *, min_busy_share: float, min_
         return []
     summary, evidence, confidence = loop_statement(aa)
     busy = aa.loop.busy_share or 0.0
+    severity = ("critical" if busy >= 0.5 else "warning") if loop_delayed_requests(aa) else "info"
     return [rule.finding(
-        severity="critical" if busy >= 0.5 else "warning", confidence=confidence, impact_ms=round(busy * 1000, 1),
+        severity=severity, confidence=confidence, impact_ms=round(busy * 1000, 1),
         summary=summary, evidence=evidence, fix=fix_of(rule), subject="attach", layer=EVENT_LOOP,
     )]  # fmt: skip
 
 
+#: The files of the loop's own frames (`stacks.LOOP_FRAMES`), as a hot frame ends: "run (asyncio/runners.py)".
+_LOOP_FILES = tuple(f"{file})" for file, _ in LOOP_FRAMES)
+
+
 def _held_words(what: str) -> str:
     return {
-        APP: "running Python on the CPU", "wchan.sleep": "a blocking sleep", "wchan.socket": "blocking socket I/O",
+        APP: "running Python on the CPU", "running": "running Python on the CPU",
+        "native": "running native code under the loop, uvloop's or a C extension's, or waiting for a CPU",
+        "wchan.sleep": "a blocking sleep", "wchan.socket": "blocking socket I/O",
         LOCK: "a blocking lock", "db.query": "a blocking database call", "waiting": "a blocking call",
     }.get(what, what)  # fmt: skip
 

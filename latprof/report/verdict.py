@@ -210,7 +210,7 @@ def _of_asyncio_server(aa: AttachAnalysis, findings: Sequence[Finding], where: s
 
     if aa.loop is None:
         return None
-    if attach.loop_held(aa):
+    if attach.loop_held(aa) and attach.loop_delayed_requests(aa):
         summary, _, confidence = attach.loop_statement(aa)
         return _named(EVENT_LOOP, round(aa.share(EVENT_LOOP), 4) if aa.asyncio else None, confidence, summary, findings)
     wire = aa.wire
@@ -227,8 +227,11 @@ def _of_asyncio_server(aa: AttachAnalysis, findings: Sequence[Finding], where: s
                        " and not a stable ceiling of DB connections): an asyncio service's suspended tasks leave no"
                        " stack. Run it under `latprof run` so in-process hooks time each request's pool waits, locks and"
                        f" calls. Request time: {where or 'none sampled'}.", "unattributed")  # fmt: skip
+    loop = (f"the event loop was free {1 - (aa.loop.busy_share or 0):.0%} of the time" if not attach.loop_held(aa) else
+            f"the event loop's thread was seldom waiting for events, yet requests spent only {aa.share(EVENT_LOOP):.0%}"
+            " of their time waiting for it (see event-loop-blocked's finding),")  # fmt: skip
     return Verdict(None, None, None, 1.0 if total else 0.0,
-                   f"Not saturated: the event loop was free {1 - (aa.loop.busy_share or 0):.0%} of the time and"
+                   f"Not saturated: {loop} and"
                    f" {wire.in_flight_mean:.1f} requests were in flight on average, waiting on the wire"
                    f" ({wire.outstanding_mean():.1f} at outbound endpoints); "
                    + (f"request time went to {where}." if where else "no request was seen in flight."),

@@ -126,6 +126,26 @@ def test_a_held_event_loop_is_the_verdict_whether_or_not_its_rule_is_enabled():
     assert ids(run_rules(aa, lowered)) == ["event-loop-blocked"]
 
 
+def test_a_held_loop_the_requests_did_not_wait_for_is_no_verdict():
+    """CI once named event_loop with confidence 1.0 on a service whose requests were all awaiting
+    the provider: the loop's thread read as held (uvloop's native code, or runnable on a busy
+    machine), but the census showed the requests were not waiting for it (1% of request time)."""
+    held = {"sleep": 0.9, "free": 0.1}
+    at_provider = analysed(held, loop_busy_share=0.9, census=(8.0, 8.0))  # all 8 in flight await the provider
+    (finding,) = run_rules(at_provider, default_rules())
+    assert finding.rule == "event-loop-blocked" and finding.severity == "info" and finding.confidence == 0.0
+    assert "spent only 0% of their time waiting for it" in finding.summary
+    verdict = decide_verdict(at_provider, [finding])
+    assert verdict.layer is None and verdict.status == "not_saturated", verdict
+    assert "requests spent only 0% of their time waiting for it" in verdict.summary
+    # the same loop with the requests waiting in the process: they waited for the loop
+    waiting = analysed(held, loop_busy_share=0.9, census=(8.0, 0.0))
+    (finding,) = run_rules(waiting, default_rules())
+    assert finding.severity == "critical" and finding.confidence == 0.9
+    verdict = decide_verdict(waiting, [finding])
+    assert (verdict.layer, verdict.rule) == ("event_loop", "event-loop-blocked") and verdict.share_of_tail_excess == 0.9
+
+
 def test_a_brief_backlog_behind_busy_cpus_leaves_the_verdict_to_the_cpu():
     # Workers busy running Python; the accept queue read 1 in one of three seconds (a client's
     # next connection arriving while both workers finish their request): the backlog's share of

@@ -130,3 +130,52 @@ def test_sampling_a_pid_that_does_not_exist_is_one_clear_error():
     proc.wait()
     with pytest.raises(pyspy.SamplerError, match=f"no process with PID {proc.pid}"):
         pyspy.Sampler(proc.pid, lambda w: None).run(1)
+
+
+def test_python_is_told_from_the_process_not_from_py_spys_words():
+    python = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other = subprocess.Popen(["sleep", "30"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        assert pyspy.is_python(python.pid) is True
+        assert pyspy.is_python(other.pid) is False
+        assert pyspy.is_python(gone.pid) is None
+    finally:
+        for p in (python, other):
+            p.kill()
+            p.wait()
+
+
+def test_a_read_that_races_the_interpreter_is_tried_again(tmp_path, monkeypatch):
+    """py-spy's non-blocking read of a Python process can fail once (frames changing under it)
+    with words that also fit a process with no Python: the dump is tried again, and a Python
+    process is never called 'not a Python process'. The real py-spy behind a wrapper that fails
+    its first call with such a message."""
+    real = pyspy.py_spy()
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "py-spy"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"echo x >> {calls}\n"
+        f'if [ "$(wc -l < {calls})" -le "$FAIL_TIMES" ]; then\n'
+        "  echo 'Error: Failed to find python version from target process' >&2; exit 1\n"
+        "fi\n"
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv(pyspy.ENV_PY_SPY, str(wrapper))
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        monkeypatch.setenv("FAIL_TIMES", "1")
+        threads = pyspy.dump(target.pid)
+        assert threads and calls.read_text().count("x") == 2
+        calls.unlink()
+        monkeypatch.setenv("FAIL_TIMES", str(pyspy.DUMP_ATTEMPTS))  # every try fails: py-spy's own words, not "not Python"
+        with pytest.raises(pyspy.SamplerError) as failed:
+            pyspy.dump(target.pid)
+        assert "not a Python process" not in str(failed.value)
+        assert "Failed to find python version" in str(failed.value) and calls.read_text().count("x") == pyspy.DUMP_ATTEMPTS
+    finally:
+        target.kill()
+        target.wait()

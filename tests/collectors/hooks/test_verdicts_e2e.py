@@ -17,7 +17,7 @@ import pytest
 from apps.harness import CONFIGS
 from services import require_pg
 
-from latprof.collectors.hooks._async_request import HELD_THE_LOOP
+from latprof.collectors.hooks._async_request import BLOCKED_BY_OTHERS, HELD_THE_LOOP
 from latprof.demo.run import DemoResult, run_demo
 from latprof.layers import EVENT_LOOP, MODEL, PROVIDER
 
@@ -172,11 +172,23 @@ def test_blocking_call(tmp_path: Path, http: str, loop: str) -> None:
     assert waited, [analysis.breakdowns[i] for i in analysis.groups.tail]
     innocent = [i for i in waited if held_ms(i) == 0]
     assert len(innocent) >= 0.8 * len(waited), [(analysis.requests[i].request.route, held_ms(i)) for i in waited]
-    # They were mostly awaiting the provider (or a query) when the loop stopped: the wait is
-    # nested under that segment, so it is event_loop time rather than the provider's.
+    # Where they were awaiting something when the loop stopped (the provider, a query, a held
+    # connection), the wait is nested under that segment: it owns that time, so it is event_loop
+    # time rather than the provider's. Which segments were open depends on when the blocks fell.
     by_id = {s.segment_id: s for i in innocent for s in analysis.requests[i].segments}
     nested = [s for s in by_id.values() if s.layer == EVENT_LOOP and s.parent_id in by_id]
-    assert {by_id[s.parent_id].layer for s in nested} & {PROVIDER, MODEL}, [(s.name, s.parent_id) for s in nested]
+    assert nested, [analysis.requests[i].segments for i in innocent]
+    for s in nested:
+        parent = by_id[s.parent_id]
+        assert parent.start_ns <= s.start_ns and s.end_ns <= parent.end_ns, (s, parent)
+    for i in innocent:
+        segments = analysis.requests[i].segments
+        waits = [s for s in segments if s.name == BLOCKED_BY_OTHERS]
+        for llm in (s for s in segments if s.layer in (PROVIDER, MODEL)):
+            for w in waits:
+                lo, hi = max(w.start_ns, llm.start_ns), min(w.end_ns, llm.end_ns)
+                if hi > lo:  # a block while the LLM call was open: a wait nested under the call owns it
+                    assert any(c.parent_id == llm.segment_id and c.start_ns <= lo and hi <= c.end_ns for c in waits), (llm, w)
     blockers = [i for i, rt in enumerate(analysis.requests) if rt.request.route == "GET /export"]
     assert len(blockers) >= 2
     for i in blockers:

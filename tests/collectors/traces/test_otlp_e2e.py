@@ -91,8 +91,11 @@ def test_independent_tool_calls_one_after_another_fire_sequential_tool_calls(rec
     assert (verdict["layer"], verdict["rule"]) == ("tool", "sequential-tool-calls"), verdict
     evidence = finding(report, "sequential-tool-calls")["evidence"]
     assert evidence["longest_run_calls"] == 4 and evidence["tail_requests_with_sequential_calls"] >= 0.6
-    # 4 calls of 150 ms: calling them together saves the 3 shorter ones
-    assert 300 <= evidence["tail_mean_parallel_saving_ms"] <= 500
+    # 4 calls of 150 ms: calling them together saves the 3 shorter ones (450 ms, more on a busy
+    # machine) in each tail request that made them; the tail's mean also counts its 1-call
+    # requests (a loaded machine can push one into the slowest 1%), which save nothing
+    per_request = evidence["tail_mean_parallel_saving_ms"] / evidence["tail_requests_with_sequential_calls"]
+    assert 300 <= per_request <= 700, evidence
     assert "from traces" in evidence["judged_independent_by"]
 
 
