@@ -9,10 +9,12 @@ analyze` of its capture must agree (`attach.procs.attach_under_load`).
 from __future__ import annotations
 
 import sys
+import urllib.parse
 
 import pytest
 
 from attach.procs import attach_under_load
+from attach.scenarios import REDIS_HOST, REDIS_PORT
 import services  # tests/services.py: the local services the tests use
 from latprof.demo.provider import Provider
 
@@ -114,3 +116,23 @@ def test_without_db_the_sockets_alone_point_at_the_pool_and_say_it_is_inferred(t
     (finding,) = [f for f in report["findings"] if f["rule"] == "db-pool-exhaustion"]
     assert finding["evidence"]["inferred"] is True and "pg_stat_activity" not in finding["evidence"]
     assert "--db DSN" in finding["summary"] and "stable ceiling of 3 connections to 127.0.0.1:5432" in finding["summary"]
+
+
+def test_idle_persistent_connections_while_requests_wait_on_the_provider_are_no_pool(tmp_path, slow_provider):
+    """12 clients; the service keeps 3 PostgreSQL and 3 Redis connections open (a stable ceiling
+    of 6 at the databases, 12 requests in flight) but gives them back at once: the requests
+    wait on the provider. A steady number of persistent connections is no pool at its limit
+    (it once was read as a saturated pool, confidently)."""
+    services.require_pg()
+    env = {"APP_DB": "asyncpg", "APP_PG": services.PG_DSN, "APP_REDIS": f"redis://{REDIS_HOST}:{REDIS_PORT}/0",
+           "APP_PROVIDER": slow_provider.url, "APP_POOL_SIZE": "3"}  # fmt: skip
+    report, _ = attach_under_load(tmp_path, [], "/ask", 12, env=env, server=uvicorn(), duration_s=5)
+    verdict = report["verdict"]
+    assert verdict["layer"] != "db.pool" and not [f for f in report["findings"] if f["layer"] == "db.pool"], report["findings"]
+    assert verdict["layer"] in (None, "provider", "tool"), verdict  # never a wrong layer
+    census = report["collection"]["census"]
+    print(verdict, {k: v for k, v in census.items() if k != "endpoints"})
+    endpoints = census["endpoints"]
+    pg_port = urllib.parse.urlsplit(services.PG_DSN).port or 5432
+    assert {f"127.0.0.1:{pg_port}", f"{REDIS_HOST}:{REDIS_PORT}"} <= set(endpoints), endpoints
+    assert census["requests_in_flight_mean"] >= 8 and census["requests_waiting_in_process_mean"] < 3, census

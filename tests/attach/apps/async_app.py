@@ -11,6 +11,10 @@ PostgreSQL connections held across a slow LLM call.
   the pool. `APP_DB=sqlalchemy` uses an SQLAlchemy asyncio engine on asyncpg (autobegin: the
   connection sits `idle in transaction` during the LLM call); `APP_DB=asyncpg` an asyncpg pool
   without a transaction (the connection sits `idle`). `APP_PG` is the PostgreSQL URL.
+- `GET /ask`: a quick query (connection given back at once) and, with `APP_REDIS`, a Redis GET,
+  then the LLM call with nothing held: the service keeps its `APP_POOL_SIZE` PostgreSQL and
+  Redis connections open and idle (persistent) while the requests wait on the provider — no pool
+  is at its limit.
 
 Run it as a user would: `uvicorn tests.attach.apps.async_app:app --loop asyncio|uvloop`.
 """
@@ -42,6 +46,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         import asyncpg
 
         state["pool"] = await asyncpg.create_pool(PG, min_size=POOL_SIZE, max_size=POOL_SIZE)
+    if os.environ.get("APP_REDIS"):
+        import redis.asyncio
+
+        state["redis"] = redis.asyncio.Redis.from_url(os.environ["APP_REDIS"], max_connections=POOL_SIZE)
+        await asyncio.gather(*(state["redis"].ping() for _ in range(POOL_SIZE)))  # open them all, kept open
     if os.environ.get("APP_PROVIDER"):
         from openai import AsyncOpenAI
 
@@ -51,6 +60,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state["engine"].dispose()
     if "pool" in state:
         await state["pool"].close()
+    if "redis" in state:
+        await state["redis"].aclose()
 
 
 app = FastAPI(lifespan=lifespan)
@@ -111,4 +122,14 @@ async def chat() -> dict[str, int]:
             await conn.fetchval("SELECT 1")
             answer = await ask()
             await conn.fetchval("SELECT length($1::text)", answer)
+    return {"answer_chars": len(answer)}
+
+
+@app.get("/ask")
+async def ask_only() -> dict[str, int]:
+    async with state["pool"].acquire() as conn:  # given back before the LLM call
+        await conn.fetchval("SELECT 1")
+    if "redis" in state:
+        await state["redis"].get("latprof-attach-test")
+    answer = await ask()
     return {"answer_chars": len(answer)}
