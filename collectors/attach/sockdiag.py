@@ -18,7 +18,9 @@ with `setns`). `census` counts the target's sockets at that moment:
   does not listen on; of those, *pending* (the last data sent is more recent than the last
   data received, or it sent data and never received any: a request waits for the first byte
   of its answer), *receiving* (not pending, data received within the last `receiving_ms`: an
-  answer or a stream is arriving) and *idle* (the rest).
+  answer or a stream is arriving) and *idle* (the rest); and of the pending and receiving ones,
+  *unread*: bytes sit in the receive queue the process has not read (the answer waits for the
+  process, not for the endpoint).
 
 What the wire cannot tell:
 
@@ -142,6 +144,9 @@ class OutboundCount:
     pending: int  # request sent, answer not begun
     receiving: int  # not pending, data received within the last `receiving_ms`: an answer in progress
     idle: int  # the rest: nothing in flight on the wire (pooled, or held by a request doing something else)
+    #: of the pending and receiving ones, those with bytes in the receive queue the process has
+    #: not read yet: an answer that waits for the process (a held event loop), not the endpoint
+    unread: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +207,7 @@ def census(
                 accepted[port] += 1
                 in_flight[port] += _awaits_answer(s)
         elif s.inode in inodes:
-            counts = outbound.setdefault(s.remote, [0, 0, 0, 0])
+            counts = outbound.setdefault(s.remote, [0, 0, 0, 0, 0])
             counts[0] += 1
             if _awaits_reply(s):
                 counts[1] += 1
@@ -210,6 +215,8 @@ def census(
                 counts[2] += 1
             else:
                 counts[3] += 1
+                continue
+            counts[4] += s.rx_queue > 0
     return Census(
         inbound={p: InboundCount(accepted[p], in_flight[p], backlog[p]) for p in sorted(listening_ports)},
         outbound={k: OutboundCount(*v) for k, v in outbound.items()},

@@ -51,7 +51,7 @@ from latprof.attach.wire import (
     wire_state,
 )
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
-from latprof.report.model import LayerRow, Report, WindowRow
+from latprof.report.model import LayerRow, Report, WindowRow, overhead_of
 from latprof.report.verdict import decide_verdict
 from latprof.collectors.attach.stacks import (
     BUSY, IDLE, LOOP_FRAMES, Classification, classify_sample, event_loop_thread, has_frame, own_frame,
@@ -365,14 +365,21 @@ def loop_held(aa: AttachAnalysis, *, min_busy_share: float = LOOP_SATURATED_SHAR
     return aa.loop is not None and aa.loop.held_at(min_busy_share, min_blocked_share)
 
 
+#: A held loop made requests slow when they spent at least this share of their time on the
+#: wire behind it (answers unread while it was busy, or waiting in the process while it was
+#: held). Low on purpose: a loop blocked 300 ms now and then costs little of all request time,
+#: and all of it lands on the requests in flight then, the tail.
+LOOP_MIN_REQUEST_SHARE = 0.05
+
+
 def loop_delayed_requests(aa: AttachAnalysis) -> bool:
     """Whether a held loop kept requests waiting. On an asyncio server seen by its socket census,
-    only when the loop's part of request time holds `MIN_VERDICT_SHARE`: a loop thread seldom
-    in its epoll wait while the requests in flight all wait at outbound endpoints (or while the
-    machine's CPUs are busy elsewhere: a runnable thread reads as running) did not make them
-    slow, and naming it would send people to the wrong layer. Without a census the samples are
-    all there is: held is enough."""
-    return not aa.asyncio or aa.share(EVENT_LOOP) >= MIN_VERDICT_SHARE
+    only when the loop's part of request time holds `LOOP_MIN_REQUEST_SHARE`: a loop thread
+    seldom in its epoll wait while the requests in flight all wait at outbound endpoints, their
+    answers read at once (the thread in native code, or runnable while the machine's CPUs are
+    busy elsewhere: both read as running), did not make them slow, and naming it would send
+    people to the wrong layer. Without a census the samples are all there is: held is enough."""
+    return not aa.asyncio or aa.share(EVENT_LOOP) >= LOOP_MIN_REQUEST_SHARE
 
 
 def loop_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
@@ -407,7 +414,7 @@ def loop_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
     if loop_delayed_requests(aa):
         summary += "; every other request on the loop waited meanwhile."
     else:  # measured on the loop's thread, but the requests were not waiting for it: no cause of their latency
-        confidence = min(confidence, share / MIN_VERDICT_SHARE)
+        confidence = min(confidence, share / LOOP_MIN_REQUEST_SHARE)
         summary += (f"; yet the requests in flight spent only {share:.0%} of their time waiting for it (the rest"
                     " at outbound endpoints or in the backlog), so it did not make them slow.")  # fmt: skip
     return summary, evidence, round(confidence, 3)
@@ -550,7 +557,7 @@ def build_attach_report(aa: AttachAnalysis, findings: Sequence[Finding]) -> Repo
             "warmup_requests_skipped": 0,
             "samples": sum(s.weight for s in timeline.samples),
             "workers": aa.workers,
-            "overhead": {"cpu_percent": None, "added_ms_per_request": None},
+            "overhead": overhead_of(timeline),
             "warnings": [q.message for q in timeline.quality if q.kind == "warning"],
             **extra,
         },

@@ -31,7 +31,7 @@ from latprof.errors import InputError
 from latprof.events import Frame as EventFrame
 from latprof.events import Gauge, QualityRecord, StackSample
 from latprof.attach.wire import DB_PORTS
-from latprof.semconv import NOTE_WARNING
+from latprof.semconv import NOTE_OVERHEAD, NOTE_WARNING
 from latprof.collectors.attach.stacks import BUSY, Classification, classify_sample, event_loop_thread, loop_waiting, match, share_out
 
 
@@ -130,9 +130,12 @@ class AttachSession:
         poller = threading.Thread(target=self._poll_proc, name="latprof-procfs", daemon=True)
         poller.start()
         self._proc_started.wait(5)  # the first window's second has an accept-queue reading too
+        cost = _Cost()
         try:
             self.sampler.run(self.duration_s)
         finally:
+            for record in cost.records(self.pid):
+                self.writer.emit(record)
             self.sampler.stop_event.set()
             poller.join(5)
             self.channels.stop()
@@ -299,6 +302,50 @@ class LoopWatch:
         return [Gauge(GAUGE_LOOP_BLOCKED, round(length_ms, 1), run[0], pid, {"thread.id": tid})]
 
 
+#: The machine's CPUs this busy (percent) while sampling: the report warns that the sampler
+#: competed with the service for them.
+MACHINE_SATURATED_PERCENT = 90.0
+
+
+class _Cost:
+    """What sampling cost: the CPU of latprof's own process and of the py-spy recordings it ran
+    (its waited-for children), as percent of one core over the capture (report-v1's
+    `collection.overhead.cpu_percent`), and how busy the machine's CPUs were meanwhile."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.wall = time.monotonic()
+        self.cpu = self._own()
+        self.machine = psutil.cpu_times()
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def records(self, pid: int) -> list[QualityRecord]:
+        now = time.time_ns()
+        wall = time.monotonic() - self.wall
+        if wall <= 0:
+            return []
+        cpu_percent = (self._own() - self.cpu) / wall * 100
+        before, after = self.machine, self._psutil.cpu_times()
+        idle = (after.idle + getattr(after, "iowait", 0.0)) - (before.idle + getattr(before, "iowait", 0.0))
+        total = sum(after) - sum(before)
+        machine = 100 * (1 - idle / total) if total > 0 else 0.0
+        cpus = self._psutil.cpu_count() or 1
+        out = [QualityRecord(NOTE_OVERHEAD, now, pid, attrs={
+            "cpu_percent": round(cpu_percent, 1), "machine_cpu_percent": round(machine, 1), "cpus": cpus})]  # fmt: skip
+        if machine >= MACHINE_SATURATED_PERCENT:
+            out.append(QualityRecord(NOTE_WARNING, now, pid,
+                                     f"the machine's {cpus} CPUs were {machine:.0f}% busy while sampling; the sampler used"
+                                     f" {cpu_percent:.0f}% of a core of it: it competed with the service, whose waits may"
+                                     " differ from when it is not sampled (try a lower --rate)"))  # fmt: skip
+        return out
+
+
 class _Wire:
     """The socket census (`collectors/attach/sockdiag.py`), read every `POLL_S` and written as the mean
     of each second (`census.*` gauges); and with `--db`, at each census reading, the target's
@@ -340,7 +387,7 @@ class _Wire:
             for name in ("in_flight", "connections", "backlog"):
                 self.sums["inbound." + name, port] = self.sums.get(("inbound." + name, port), 0.0) + getattr(inbound, name)
         for endpoint, outbound in census.outbound.items():
-            for name in ("established", "pending", "receiving", "idle"):
+            for name in ("established", "pending", "receiving", "idle", "unread"):
                 self.sums["outbound." + name, endpoint] = self.sums.get(("outbound." + name, endpoint), 0.0) + getattr(outbound, name)
         pg = self.session.pg
         if pg is not None:

@@ -10,7 +10,10 @@ an awaited LLM stream) leaves no stack. Three signals in an attach capture still
 - **Socket census** (`census.*` gauges, per second: `collectors/attach/sockdiag.py`): requests in
   flight (received, not yet answered), connections still in the accept backlog, and per remote
   endpoint the established connections and how many are pending (a request sent, its answer
-  not begun), receiving (an answer, a stream, in progress) or idle on the wire. Requests in
+  not begun), receiving (an answer, a stream, in progress) or idle on the wire, and of those
+  in flight how many have an answer sitting unread in the receive queue. A request whose
+  answer sits unread waits for the process, not the endpoint: on an asyncio server, for the
+  loop to get round to it (`event_loop`). Requests in
   flight that are neither at the database nor at another endpoint wait inside the process:
   for the loop, for a pool's connection, for a lock or semaphore — the wire does not say which.
   A pool keeps all its connections established whether they are busy or not, and a connection
@@ -111,6 +114,8 @@ class Endpoint:
     established: dict[int, float] = field(default_factory=dict)  # second -> connections
     pending: dict[int, float] = field(default_factory=dict)
     receiving: dict[int, float] = field(default_factory=dict)
+    #: connections whose answer sits unread in the receive queue (the process is behind)
+    unread: dict[int, float] = field(default_factory=dict)
 
     @property
     def db(self) -> bool:
@@ -123,7 +128,7 @@ class Endpoint:
         return {
             "kind": self.kind, "established_mean": mean(self.established),
             "established_peak": max(self.established.values(), default=0.0),
-            "pending_mean": mean(self.pending), "receiving_mean": mean(self.receiving),
+            "pending_mean": mean(self.pending), "receiving_mean": mean(self.receiving), "unread_mean": mean(self.unread),
         }  # fmt: skip
 
 
@@ -172,8 +177,9 @@ class WireState:
         return sum(self.mean(e.pending) for e in self.db_endpoints())
 
     def outstanding_mean(self) -> float:
-        """Requests at other endpoints (pending or receiving) on average."""
-        return sum(self.mean(e.pending) + self.mean(e.receiving) for e in self.endpoints.values() if not e.db)
+        """Requests at other endpoints (pending or receiving, less those whose answer sits unread) on average."""
+        return sum(max(0.0, self.mean(e.pending) + self.mean(e.receiving) - self.mean(e.unread))
+                   for e in self.endpoints.values() if not e.db)  # fmt: skip
 
     def evidence(self) -> dict[str, Any]:
         return {
@@ -200,7 +206,7 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
     backlog = _per_second(gauges.get("census.inbound.backlog", ()))
     endpoints: dict[str, Endpoint] = {}
     for name, attr in (("census.outbound.established", "established"), ("census.outbound.pending", "pending"),
-                       ("census.outbound.receiving", "receiving")):  # fmt: skip
+                       ("census.outbound.receiving", "receiving"), ("census.outbound.unread", "unread")):  # fmt: skip
         by_endpoint: dict[str, list[Any]] = {}
         for g in gauges.get(name, ()):
             address, port = str(g.attrs.get("server.address")), int(g.attrs.get("server.port") or 0)
@@ -231,11 +237,21 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
 
     for s in seconds:
         at_db[s] = sum(e.pending.get(s, 0.0) for e in db)
-        elsewhere = sum(e.pending.get(s, 0.0) + e.receiving.get(s, 0.0) for e in endpoints.values() if not e.db)
-        waiting[s] = max(0.0, in_flight[s] - at_db[s] - elsewhere)
+        # an answer that arrived and sits unread waits for the process, not for the endpoint
+        elsewhere = sum(max(0.0, e.pending.get(s, 0.0) + e.receiving.get(s, 0.0) - e.unread.get(s, 0.0))
+                        for e in endpoints.values() if not e.db)  # fmt: skip
+        active = max(0.0, in_flight[s] - at_db[s])
+        # requests whose answer sits unread wait for the process to read it: on an asyncio
+        # server, for the loop to get round to them (it was busy with something else). The
+        # most specific reading, so it goes first: the other counts can run high (a finished
+        # stream's connection reads as receiving for RECEIVING_MS after its last byte)
+        behind = min(active, sum(e.unread.get(s, 0.0) for e in endpoints.values() if not e.db))
+        outbound = min(elsewhere, active - behind)
+        waiting[s] = active - behind - outbound
         add(QUEUE, backlog.get(s, 0.0))
         add(DB_QUERY, at_db[s])
-        add(TOOL, min(elsewhere, in_flight[s]))
+        add(TOOL, outbound)
+        add(EVENT_LOOP if loop is not None else UNATTRIBUTED, behind)
     wire.waiting_s = sum(waiting.values())
     wire.pool_inferred = bool(
         db and wire.db_ceiling > 0

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from latprof.analysis.requests import NS_PER_S, Analysis, LayerStats
+from latprof.analysis.timeline import Timeline
 from latprof.engine import Finding
 from latprof.layers import LAYERS
 from latprof.report.verdict import Verdict, decide_verdict
@@ -108,10 +109,11 @@ def _row(s: LayerStats) -> LayerRow:
     )
 
 
-def _overhead(analysis: Analysis) -> dict[str, float | None]:
-    """Overhead collectors measured on the observed process (last record per process, averaged)."""
+def overhead_of(timeline: Timeline) -> dict[str, float | None]:
+    """What collection cost, as collectors measured it (`overhead` records: the last per process,
+    averaged): report-v1's `collection.overhead`."""
     last: dict[int, dict[str, Any]] = {}
-    for record in analysis.timeline.quality:
+    for record in timeline.quality:
         if record.kind == NOTE_OVERHEAD:
             last[record.pid] = dict(record.attrs)
     out: dict[str, float | None] = {"cpu_percent": None, "added_ms_per_request": None}
@@ -152,7 +154,7 @@ def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
         "warmup_requests_skipped": analysis.warmup_skipped,
         # Requests recorded (a random sample of `window.requests` above `latprof run --max-rate`).
         "recorded_requests": len(requests),
-        "overhead": _overhead(analysis),
+        "overhead": overhead_of(analysis.timeline),
         "warnings": list(analysis.warnings) + [f.summary for f in findings if f.crashed],
     }
     size = None

@@ -30,14 +30,15 @@ LOOP_KINDS = {"sleep": (BLOCKING, "hrtimer_nanosleep"), "free": (Frame("select",
 
 def sampled(mix: dict[str, float], *, workers: int = 2, seconds: int = 3, loop_busy_share: float | None = None,
             backlog: Sequence[float] = (), accept_rate: float = 20.0,
-            census: tuple[float, float] | None = None) -> Timeline:  # fmt: skip
+            census: tuple[float, ...] | None = None) -> Timeline:  # fmt: skip
     """An attach capture's timeline: `workers` sync workers sampled at `RATE_HZ` for `seconds`,
     each second split between the kinds of `mix` (kind -> share of its samples; `KINDS`), or
     with `loop_busy_share`, one asyncio event loop thread (`LOOP_KINDS`) whose busy share each
     second is that (the gauge `latprof attach` writes). `backlog`: the listening socket's accept
     queue read in each second (as /proc shows it), with `accept_rate` connections accepted a second.
-    `census`: (requests in flight, of them awaiting an outbound HTTP endpoint's answer) each
-    second, as the socket census of an asyncio server reads them (`latprof.attach.wire`)."""
+    `census`: (requests in flight, of them at an outbound HTTP endpoint[, of those with its
+    answer sitting unread]) each second, as the socket census of an asyncio server reads them
+    (`latprof.attach.wire`)."""
     samples: list[StackSample] = []
     gauges: dict[str, list[Gauge]] = {}
     if backlog:
@@ -51,13 +52,14 @@ def sampled(mix: dict[str, float], *, workers: int = 2, seconds: int = 3, loop_b
         gauges["event_loop.busy_share"] = [Gauge("event_loop.busy_share", loop_busy_share, ORIGIN_NS + s * 1_000_000_000, PID + 1,
                                                  {"latprof.readings": RATE_HZ}) for s in range(seconds)]  # fmt: skip
     if census is not None:
-        in_flight, outbound = census
+        in_flight, outbound, unread = (*census, 0.0)[:3]
         at = [ORIGIN_NS + s * 1_000_000_000 for s in range(seconds)]
         endpoint = {"server.address": "127.0.0.1", "server.port": 8443}
         gauges["census.inbound.in_flight"] = [Gauge("census.inbound.in_flight", in_flight, t, PID, {}) for t in at]
         gauges["census.inbound.in_flight_age_ms"] = [Gauge("census.inbound.in_flight_age_ms", 400.0, t, PID, {}) for t in at]
         gauges["census.outbound.established"] = [Gauge("census.outbound.established", outbound, t, PID, endpoint) for t in at]
         gauges["census.outbound.pending"] = [Gauge("census.outbound.pending", outbound, t, PID, endpoint) for t in at]
+        gauges["census.outbound.unread"] = [Gauge("census.outbound.unread", unread, t, PID, endpoint) for t in at]
     for worker in range(workers):
         tid = PID + 1 + worker
         for second in range(seconds):

@@ -127,6 +127,26 @@ def test_threads_waiting_for_the_gil_give_app_not_lock(tmp_path):
     # two of three threads wait for the GIL at any moment (about 2/3 of busy time)
     assert finding["evidence"]["gil_wait_share"] >= 0.4, finding["evidence"]
     assert "GIL" in finding["summary"] and list(finding["evidence"]["hot_frames"])[0].startswith("spin (")
+    assert report["collection"]["overhead"]["cpu_percent"] > 0  # the sampler's own CPU, measured
+
+
+def test_a_machine_saturated_while_sampling_is_warned_of_with_the_samplers_cost(tmp_path):
+    """Every core busy (one spinning process per CPU beside the target): the report says the
+    sampler competed with the service for them, and what it used."""
+    spin = "while True: pass"
+    burners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests/attach/apps/gil_threads.py"), "1"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+        done = attach_cli(proc.pid, tmp_path, 3)
+    finally:
+        for p in (proc, *burners):
+            p.kill()
+            p.communicate()
+    assert done.returncode == 0, done.stderr
+    collection = json.loads(done.stdout)["collection"]
+    (warning,) = [w for w in collection["warnings"] if "busy while sampling" in w]
+    assert f"{collection['overhead']['cpu_percent']:.0f}% of a core" in warning, warning
 
 
 def test_a_healthy_service_gets_no_verdict(tmp_path):

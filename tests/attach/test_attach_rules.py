@@ -138,6 +138,13 @@ def test_a_held_loop_the_requests_did_not_wait_for_is_no_verdict():
     verdict = decide_verdict(at_provider, [finding])
     assert verdict.layer is None and verdict.status == "not_saturated", verdict
     assert "requests spent only 0% of their time waiting for it" in verdict.summary
+    # answers sitting unread at the provider's connections while the loop is busy: those
+    # requests wait for the loop, not the provider (2 of 8: a quarter of request time)
+    behind = analysed(held, loop_busy_share=0.9, census=(8.0, 8.0, 2.0))
+    assert behind.share("event_loop") == 0.25 and behind.share("tool") == 0.75
+    (finding,) = run_rules(behind, default_rules())
+    assert finding.severity == "critical"
+    assert (decide_verdict(behind, [finding]).layer, finding.evidence["share_of_request_time"]) == ("event_loop", 0.25)
     # the same loop with the requests waiting in the process: they waited for the loop
     waiting = analysed(held, loop_busy_share=0.9, census=(8.0, 0.0))
     (finding,) = run_rules(waiting, default_rules())

@@ -222,8 +222,18 @@ def test_a_streamed_answer_is_receiving_then_idle_and_answered_on_the_server(soc
     finally:
         stop.set()
         streamer.join()
-    assert streaming.outbound[(LOCAL, port)] == OutboundCount(established=1, pending=0, receiving=1, idle=0)
+    # the client has read none of it: the answer waits for the client's process, not the server
+    assert streaming.outbound[(LOCAL, port)] == OutboundCount(established=1, pending=0, receiving=1, idle=0, unread=1)
     assert streaming.inbound[port].in_flight == 0  # the answer has begun: counted as answered
+    client.setblocking(False)
+    while True:
+        try:
+            if not client.recv(65536):
+                break
+        except BlockingIOError:
+            break
+    drained = ours({port}, receiving_ms=1000)
+    assert drained.outbound[(LOCAL, port)] == OutboundCount(established=1, pending=0, receiving=1, idle=0, unread=0)
     time.sleep(0.15)
     assert ours({port}, receiving_ms=100).outbound[(LOCAL, port)] == OutboundCount(established=1, pending=0, receiving=0, idle=1)
 
