@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 _LISTEN = "0A"
 _ESTABLISHED = "01"
@@ -86,10 +86,24 @@ def listening_ports(pid: int, owners: Iterable[int] = ()) -> set[int]:
     return {r.local_port for r in tcp_rows(pid) if r.state == _LISTEN and r.inode in inodes}
 
 
-def accept_queues(pid: int, ports: set[int]) -> dict[int, int]:
-    """The accept-queue length of each listening port (the LISTEN row's rx_queue)."""
+def rows_of(sockets: Iterable[Any]) -> list[TcpRow]:
+    """Sockets as `sockdiag.tcp_sockets` reports them, as the rows of /proc/PID/net/tcp.
+
+    Reading /proc/PID/net/tcp walks the kernel's whole socket hash table whatever few sockets
+    it holds (several ms on a machine with much memory); sock_diag asked for some states is
+    far cheaper, so the pollers read it and fall back to /proc."""
+    states = {"LISTEN": _LISTEN, "ESTABLISHED": _ESTABLISHED}
+    return [
+        TcpRow(s.local[1], f"{s.remote[0]}:{s.remote[1]}", states.get(s.state, ""), s.tx_queue, s.rx_queue, s.inode)
+        for s in sockets
+    ]
+
+
+def accept_queues(pid: int, ports: set[int], rows: list[TcpRow] | None = None) -> dict[int, int]:
+    """The accept-queue length of each listening port (the LISTEN row's rx_queue); `rows`: the
+    target's sockets already at hand (else /proc is read)."""
     depth: dict[int, int] = {}
-    for r in tcp_rows(pid):
+    for r in tcp_rows(pid) if rows is None else rows:
         if r.state == _LISTEN and r.local_port in ports:
             depth[r.local_port] = depth.get(r.local_port, 0) + r.rx_queue
     return depth
@@ -104,11 +118,11 @@ class AcceptCounter:
         self._seen: dict[tuple[int, str], None] = {}  # insertion-ordered: the oldest go first
         self._keep = keep
 
-    def poll(self) -> int:
-        """New connections since the last poll."""
+    def poll(self, rows: list[TcpRow] | None = None) -> int:
+        """New connections since the last poll; `rows`: the target's sockets already at hand (else /proc is read)."""
         new = 0
         current = set()
-        for r in tcp_rows(self.pid):
+        for r in tcp_rows(self.pid) if rows is None else rows:
             if r.state == _ESTABLISHED and r.local_port in self.ports and r.inode != 0:  # inode 0: still in the backlog
                 key = (r.local_port, r.remote)
                 current.add(key)

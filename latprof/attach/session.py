@@ -56,6 +56,7 @@ RECEIVING_MS = 1000
 
 #: The census reads established connections only (thousands of TIME_WAIT rows after a load cost time, say nothing).
 ESTABLISHED = frozenset({"ESTABLISHED"})
+LISTEN_OR_ESTABLISHED = frozenset({"LISTEN", "ESTABLISHED"})
 
 #: A loop held this long without waiting for events once is blocked (asyncio debug mode's
 #: `slow_callback_duration` is 100 ms too).
@@ -206,12 +207,19 @@ class AttachSession:
             census.start()  # in a thread of its own: the accept-queue readings keep their cadence
             next_second = time.monotonic() + 1.0
             accepted = 0
+            netlink = True  # sock_diag, else /proc/PID/net/tcp (costly: it walks the kernel's whole socket table)
             while True:  # a reading at once, then one every POLL_S until the sampling stops
                 now = time.time_ns()
-                for port, depth in procfs.accept_queues(self.pid, ports).items():
+                rows = None
+                if netlink:
+                    try:
+                        rows = procfs.rows_of(sockdiag.tcp_sockets(self.pid, states=LISTEN_OR_ESTABLISHED))
+                    except sockdiag.SockDiagError:
+                        netlink = False
+                for port, depth in procfs.accept_queues(self.pid, ports, rows).items():
                     self.writer.emit(Gauge(GAUGE_ACCEPT_QUEUE, depth, now, self.pid, {"server.port": port}))
                 self._proc_started.set()  # the first reading is in: sampling may begin
-                accepted += counter.poll()
+                accepted += counter.poll(rows)
                 if time.monotonic() >= next_second:
                     next_second += 1.0
                     seconds.read(now, accepted)
