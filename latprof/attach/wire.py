@@ -47,6 +47,10 @@ LOOP_BLOCKED_SHARE = 0.1
 MIN_WAITING_SHARE = 0.25
 #: DB connections at their peak in at least this share of the seconds are a stable ceiling.
 STABLE_CEILING_SHARE = 0.8
+#: A ceiling of DB connections is a pool in use only when they carried statements (a query sent
+#: or an answer arriving) in at least this share of the seconds: a steady number of persistent
+#: connections nobody uses is no pool requests wait for, however many requests wait.
+MIN_DB_ACTIVE_SHARE = 0.5
 #: Requests waiting on nothing visible are a saturation only when they have waited this long (the
 #: median age of the requests in flight): a healthy handler awaiting its own short work is not.
 MIN_WAITING_AGE_MS = 200.0
@@ -147,6 +151,8 @@ class WireState:
     waiting_s: float = 0.0
     db_ceiling: int = 0
     db_ceiling_share: float = 0.0
+    #: share of the seconds in which the DB connections carried statements (pending or receiving)
+    db_active_share: float = 0.0
     pool_inferred: bool = False
     #: the median over the seconds of the median time the requests in flight had waited so far
     in_flight_age_ms: float | None = None
@@ -192,6 +198,7 @@ class WireState:
             "requests_in_flight_age_ms_p50": self.in_flight_age_ms,
             "db_connections_ceiling": self.db_ceiling,
             "db_connections_at_ceiling_share": round(self.db_ceiling_share, 3),
+            "db_connections_active_share": round(self.db_active_share, 3),
             "endpoints": {k: e.summary(self.seconds) for k, e in sorted(self.endpoints.items())},
         }
 
@@ -253,9 +260,14 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
         add(TOOL, outbound)
         add(EVENT_LOOP if loop is not None else UNATTRIBUTED, behind)
     wire.waiting_s = sum(waiting.values())
+    if db and seconds:
+        wire.db_active_share = sum(
+            1 for s in seconds if sum(e.pending.get(s, 0.0) + e.receiving.get(s, 0.0) for e in db) > 0
+        ) / len(seconds)
     wire.pool_inferred = bool(
         db and wire.db_ceiling > 0
         and wire.db_ceiling_share >= STABLE_CEILING_SHARE
+        and wire.db_active_share >= MIN_DB_ACTIVE_SHARE
         and wire.in_flight_mean > wire.db_ceiling
         and wire.saturated
     )  # fmt: skip

@@ -224,7 +224,7 @@ def _of_asyncio_server(aa: AttachAnalysis, findings: Sequence[Finding], where: s
         return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,
                        f"{wire.in_flight_mean:.0f} requests were in flight on average and about {wire.waiting_mean:.0f} of"
                        f" them (waiting {wire.in_flight_age_ms:.0f} ms so far, the median) waited inside the process on nothing visible from outside (not the loop, which was free,"
-                       " and not a stable ceiling of DB connections): an asyncio service's suspended tasks leave no"
+                       " and no pool the wire shows: no stable ceiling of DB connections carrying statements): an asyncio service's suspended tasks leave no"
                        " stack. Run it under `latprof run` so in-process hooks time each request's pool waits, locks and"
                        f" calls. Request time: {where or 'none sampled'}.", "unattributed")  # fmt: skip
     loop = (f"the event loop was free {1 - (aa.loop.busy_share or 0):.0%} of the time" if not attach.loop_held(aa) else

@@ -30,7 +30,7 @@ LOOP_KINDS = {"sleep": (BLOCKING, "hrtimer_nanosleep"), "free": (Frame("select",
 
 def sampled(mix: dict[str, float], *, workers: int = 2, seconds: int = 3, loop_busy_share: float | None = None,
             backlog: Sequence[float] = (), accept_rate: float = 20.0,
-            census: tuple[float, ...] | None = None) -> Timeline:  # fmt: skip
+            census: tuple[float, ...] | None = None, db: tuple[int, float] | None = None) -> Timeline:  # fmt: skip
     """An attach capture's timeline: `workers` sync workers sampled at `RATE_HZ` for `seconds`,
     each second split between the kinds of `mix` (kind -> share of its samples; `KINDS`), or
     with `loop_busy_share`, one asyncio event loop thread (`LOOP_KINDS`) whose busy share each
@@ -38,7 +38,8 @@ def sampled(mix: dict[str, float], *, workers: int = 2, seconds: int = 3, loop_b
     queue read in each second (as /proc shows it), with `accept_rate` connections accepted a second.
     `census`: (requests in flight, of them at an outbound HTTP endpoint[, of those with its
     answer sitting unread]) each second, as the socket census of an asyncio server reads them
-    (`latprof.attach.wire`)."""
+    (`latprof.attach.wire`). `db`: with it, (connections kept open to PostgreSQL, of them
+    with a statement in flight) each second."""
     samples: list[StackSample] = []
     gauges: dict[str, list[Gauge]] = {}
     if backlog:
@@ -60,6 +61,10 @@ def sampled(mix: dict[str, float], *, workers: int = 2, seconds: int = 3, loop_b
         gauges["census.outbound.established"] = [Gauge("census.outbound.established", outbound, t, PID, endpoint) for t in at]
         gauges["census.outbound.pending"] = [Gauge("census.outbound.pending", outbound, t, PID, endpoint) for t in at]
         gauges["census.outbound.unread"] = [Gauge("census.outbound.unread", unread, t, PID, endpoint) for t in at]
+        if db is not None:
+            pg = {"server.address": "127.0.0.1", "server.port": 5432, "latprof.endpoint.kind": "postgresql"}
+            gauges["census.outbound.established"] += [Gauge("census.outbound.established", db[0], t, PID, pg) for t in at]
+            gauges["census.outbound.pending"] += [Gauge("census.outbound.pending", db[1], t, PID, pg) for t in at]
     for worker in range(workers):
         tid = PID + 1 + worker
         for second in range(seconds):

@@ -131,8 +131,23 @@ def test_idle_persistent_connections_while_requests_wait_on_the_provider_are_no_
     assert verdict["layer"] != "db.pool" and not [f for f in report["findings"] if f["layer"] == "db.pool"], report["findings"]
     assert verdict["layer"] in (None, "provider", "tool"), verdict  # never a wrong layer
     census = report["collection"]["census"]
-    print(verdict, {k: v for k, v in census.items() if k != "endpoints"})
     endpoints = census["endpoints"]
     pg_port = urllib.parse.urlsplit(services.PG_DSN).port or 5432
     assert {f"127.0.0.1:{pg_port}", f"{REDIS_HOST}:{REDIS_PORT}"} <= set(endpoints), endpoints
     assert census["requests_in_flight_mean"] >= 8 and census["requests_waiting_in_process_mean"] < 3, census
+
+
+def test_requests_waiting_on_a_semaphore_beside_idle_persistent_db_connections_are_no_pool(tmp_path):
+    """Requests queue for an asyncio.Semaphore(1) (200 ms each) while the service keeps 3
+    PostgreSQL connections open and never uses them: a stable ceiling of DB connections and
+    requests waiting in the process, but no connection is ever busy. A steady number of
+    persistent connections alone is no evidence that requests wait for them: not db.pool."""
+    services.require_pg()
+    env = {"APP_DB": "asyncpg", "APP_PG": services.PG_DSN, "APP_POOL_SIZE": "3"}
+    report, _ = attach_under_load(tmp_path, [], "/gate?ms=200", 6, env=env, server=uvicorn())
+    verdict = report["verdict"]
+    assert (verdict["layer"], verdict["status"]) == ("unattributed", "unattributed"), verdict
+    assert "latprof run" in verdict["summary"]
+    assert not [f for f in report["findings"] if f["layer"] == "db.pool"], report["findings"]
+    census = report["collection"]["census"]
+    assert census["db_connections_ceiling"] == 3 and census["db_connections_active_share"] == 0.0, census

@@ -153,6 +153,22 @@ def test_a_held_loop_the_requests_did_not_wait_for_is_no_verdict():
     assert (verdict.layer, verdict.rule) == ("event_loop", "event-loop-blocked") and verdict.share_of_tail_excess == 0.9
 
 
+def test_a_ceiling_of_db_connections_is_a_pool_only_when_they_carry_statements():
+    """6 requests wait in the process beside 3 PostgreSQL connections open every second. Never
+    used, they are persistent connections, not a pool the requests wait for: unattributed.
+    Carrying statements, the same ceiling is a pool at its limit, inferred (0.5)."""
+    free = {"free": 1.0}
+    unused = analysed(free, loop_busy_share=0.0, census=(6.0, 0.0), db=(3, 0.0))
+    assert unused.wire is not None and unused.wire.db_ceiling == 3 and unused.wire.db_active_share == 0.0
+    findings = run_rules(unused, default_rules())
+    assert not [f for f in findings if f.layer == "db.pool"], findings
+    assert decide_verdict(unused, findings).layer == "unattributed"
+    used = analysed(free, loop_busy_share=0.0, census=(6.0, 0.0), db=(3, 0.5))
+    findings = run_rules(used, default_rules())
+    verdict = decide_verdict(used, findings)
+    assert (verdict.layer, verdict.rule, verdict.confidence) == ("db.pool", "db-pool-exhaustion", 0.5), verdict
+
+
 def test_a_brief_backlog_behind_busy_cpus_leaves_the_verdict_to_the_cpu():
     # Workers busy running Python; the accept queue read 1 in one of three seconds (a client's
     # next connection arriving while both workers finish their request): the backlog's share of
