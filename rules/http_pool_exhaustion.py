@@ -97,10 +97,15 @@ class HttpPoolExhaustion(Rule):
     Thresholds = Thresholds
 
     def judge_samples(self, samples: AttachAnalysis) -> Iterable[Finding]:
-        """An attach capture: workers wait for a connection of an HTTP client pool (stack samples)."""
-        from latprof.attach.analysis import layer_findings
+        """An attach capture: workers wait for a connection of an HTTP client pool (stack samples),
+        or an asyncio service's requests wait behind a stable, busy ceiling of connections to one
+        HTTP endpoint (socket census)."""
+        from latprof.attach.analysis import layer_findings, wire_pool_findings
 
-        return layer_findings(self, samples, HTTP_POOL, min_share=self.thresholds.attach_min_share)
+        return (
+            layer_findings(self, samples, HTTP_POOL, min_share=self.thresholds.attach_min_share)
+            + wire_pool_findings(self, samples, HTTP_POOL)
+        )
 
     def check(self, analysis: Analysis) -> Iterable[Finding]:
         t: Thresholds = self.thresholds

@@ -60,6 +60,7 @@ from latprof.analysis.timeline import Timeline
 
 #: What an inferred pool on an asyncio server is inferred from (`evidence.inferred_from`).
 SOURCE_CENSUS = "the socket census (a stable ceiling of connections to the database while requests waited)"
+SOURCE_CENSUS_HTTP = "the socket census (a stable ceiling of busy connections to one HTTP endpoint while requests waited)"
 #: Workers idle less than this share of their samples are all busy.
 MAX_IDLE_SHARE = 0.1
 #: A backlog in at least this share of the seconds is a queue in front of the workers.
@@ -483,16 +484,54 @@ def wire_pool_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]
     return summary + ".", evidence, confidence
 
 
-def wire_pool_findings(rule: Rule, aa: AttachAnalysis) -> list[Finding]:
-    """Requests of an asyncio service waiting beyond a stable ceiling of DB connections (census),
-    with the database's view of those connections when `--db` was given (`wire_pool_inferred`)."""
-    if not wire_pool_inferred(aa):
-        return []
-    summary, evidence, confidence = wire_pool_statement(aa)
+def wire_http_limit_inferred(aa: AttachAnalysis) -> bool:
+    """Requests of an asyncio service waiting behind a stable, busy ceiling of connections to one
+    HTTP endpoint (`WireState.http_limited`), none at the database, the loop not held."""
+    return aa.wire is not None and aa.wire.http_limited is not None and not (aa.loop is not None and aa.loop.held)
+
+
+#: The confidence of an HTTP connection limit inferred from the wire: under 0.5, since a limit
+#: of the service's own around those calls (a semaphore) looks the same from outside.
+HTTP_LIMIT_CONFIDENCE = 0.4
+
+
+def wire_http_limit_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], float]:
+    """What the census says of an inferred HTTP connection limit: (summary, evidence, confidence)."""
+    wire = aa.wire
+    assert wire is not None and wire.http_limited is not None
+    endpoint = wire.endpoints[wire.http_limited]
+    ceiling = max(endpoint.established.values())
+    busy = wire.mean({s: endpoint.pending.get(s, 0.0) + endpoint.receiving.get(s, 0.0) for s in wire.seconds})
+    summary = (
+        f"{wire.in_flight_mean:.0f} requests were in flight on average but the service never had more than"
+        f" {ceiling:g} connections to {wire.http_limited}, {busy:.1f} of them busy on average, and none of the"
+        f" requests were at the database: about {wire.waiting_mean:.0f} waited inside the process, most likely for a"
+        f" connection of the HTTP client's pool (its limit), or for a limit of the service's own around those calls"
+        f" (a semaphore looks the same from outside; `latprof run` tells them apart)"
+    )  # fmt: skip
+    evidence = Inference(SOURCE_CENSUS_HTTP, {
+        **wire.evidence(), "http_endpoint": wire.http_limited, "http_connections_ceiling": ceiling,
+        "http_connections_busy_mean": round(busy, 2), "share_of_request_time": round(aa.share(HTTP_POOL), 4),
+    }).evidence()  # fmt: skip
+    return summary + ".", evidence, HTTP_LIMIT_CONFIDENCE
+
+
+def wire_pool_findings(rule: Rule, aa: AttachAnalysis, layer: str = DB_POOL) -> list[Finding]:
+    """Requests of an asyncio service waiting beyond a stable ceiling of connections (census):
+    to the database (`db.pool`, `wire_pool_inferred`, with the database's view of those
+    connections when `--db` was given) or to one HTTP endpoint (`http.pool`, `wire_http_limit_inferred`)."""
+    if layer == HTTP_POOL:
+        if not wire_http_limit_inferred(aa):
+            return []
+        summary, evidence, confidence = wire_http_limit_statement(aa)
+    else:
+        if not wire_pool_inferred(aa):
+            return []
+        summary, evidence, confidence = wire_pool_statement(aa)
     return [rule.finding(
-        severity="critical" if aa.share(DB_POOL) >= 0.5 else "warning", confidence=confidence,
-        impact_ms=round(_per_second_ms(aa, DB_POOL), 1), summary=summary, evidence=evidence, fix=fix_of(rule),
-        subject="attach", layer=DB_POOL,
+        severity="critical" if aa.share(layer) >= 0.5 else "warning", confidence=confidence,
+        impact_ms=round(_per_second_ms(aa, layer), 1), summary=summary, evidence=evidence, fix=fix_of(rule),
+        subject="attach", layer=layer,
     )]  # fmt: skip
 
 

@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from latprof.layers import DB_POOL, DB_QUERY, EVENT_LOOP, QUEUE, TOOL, UNATTRIBUTED
+from latprof.layers import DB_POOL, DB_QUERY, EVENT_LOOP, HTTP_POOL, QUEUE, TOOL, UNATTRIBUTED
 from latprof.analysis.timeline import Timeline
 
 #: Remote ports of database and cache servers (the rest are outbound HTTP: providers, tools).
@@ -51,6 +51,10 @@ STABLE_CEILING_SHARE = 0.8
 #: or an answer arriving) in at least this share of the seconds: a steady number of persistent
 #: connections nobody uses is no pool requests wait for, however many requests wait.
 MIN_DB_ACTIVE_SHARE = 0.5
+#: An HTTP endpoint's ceiling is a connection limit only when its connections were this busy
+#: (pending or receiving, on average, as a share of the ceiling): a client at its limit uses
+#: every connection it may open.
+HTTP_LIMIT_BUSY_SHARE = 0.8
 #: Requests waiting on nothing visible are a saturation only when they have waited this long (the
 #: median age of the requests in flight): a healthy handler awaiting its own short work is not.
 MIN_WAITING_AGE_MS = 200.0
@@ -154,6 +158,9 @@ class WireState:
     #: share of the seconds in which the DB connections carried statements (pending or receiving)
     db_active_share: float = 0.0
     pool_inferred: bool = False
+    #: the outbound HTTP endpoint ("address:port") whose stable, busy ceiling of connections the
+    #: requests waiting in the process most likely wait behind (a client's connection limit), or None
+    http_limited: str | None = None
     #: the median over the seconds of the median time the requests in flight had waited so far
     in_flight_age_ms: float | None = None
 
@@ -271,12 +278,33 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
         and wire.in_flight_mean > wire.db_ceiling
         and wire.saturated
     )  # fmt: skip
+    if not wire.pool_inferred and wire.saturated and wire.at_db_mean() < 0.5:
+        wire.http_limited = _http_limit(wire, endpoints)
+    behind_what = DB_POOL if wire.pool_inferred else HTTP_POOL if wire.http_limited else UNATTRIBUTED
     for s in seconds:
         held = loop.busy_by_second.get(s, 0.0) if loop is not None else 0.0
         add(EVENT_LOOP, held * waiting[s])
-        add(DB_POOL if wire.pool_inferred else UNATTRIBUTED, (1 - held) * waiting[s])
+        add(behind_what, (1 - held) * waiting[s])
     wire.request_s = {k: v for k, v in request_s.items() if v > 0}
     return wire
+
+
+def _http_limit(wire: WireState, endpoints: dict[str, Endpoint]) -> str | None:
+    """The outbound HTTP endpoint whose connections stood at a stable ceiling, nearly all of them
+    busy, while more requests were in flight than that ceiling: the requests waiting in the
+    process most likely wait for one of them (an HTTP client's connection limit). None when no
+    endpoint (or more than one) fits: then the wire cannot say what they wait for."""
+    fits = []
+    for key, e in endpoints.items():
+        if e.db or not e.established or not wire.seconds:
+            continue
+        ceiling = max(e.established.values())
+        at_ceiling = sum(1 for s in wire.seconds if e.established.get(s, 0.0) >= ceiling) / len(wire.seconds)
+        busy = wire.mean({s: e.pending.get(s, 0.0) + e.receiving.get(s, 0.0) for s in wire.seconds})
+        if (ceiling >= 1 and at_ceiling >= STABLE_CEILING_SHARE and busy >= HTTP_LIMIT_BUSY_SHARE * ceiling
+                and wire.in_flight_mean > ceiling):  # fmt: skip
+            fits.append(key)
+    return fits[0] if len(fits) == 1 else None
 
 
 def _per_second(gauges: Any) -> dict[int, float]:

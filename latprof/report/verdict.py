@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from latprof.analysis.inference import Inference
 from latprof.analysis.requests import MIN_REQUESTS_FOR_VERDICT, TAIL_RATIO, Analysis
 from latprof.engine import Finding, fmt_ms
-from latprof.layers import APP, DB_POOL, EVENT_LOOP, LAYERS, QUEUE, UNATTRIBUTED
+from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, QUEUE, UNATTRIBUTED
 
 if TYPE_CHECKING:
     from latprof.attach.analysis import AttachAnalysis
@@ -219,6 +219,9 @@ def _of_asyncio_server(aa: AttachAnalysis, findings: Sequence[Finding], where: s
     if attach.wire_pool_inferred(aa):
         summary, _, confidence = attach.wire_pool_statement(aa)
         return _named(DB_POOL, round(aa.share(DB_POOL), 4), confidence, summary, findings)
+    if attach.wire_http_limit_inferred(aa):
+        summary, _, confidence = attach.wire_http_limit_statement(aa)
+        return _named(HTTP_POOL, round(aa.share(HTTP_POOL), 4), confidence, summary, findings)
     total = sum(wire.in_flight.values())
     if wire.saturated:
         return Verdict(UNATTRIBUTED, None, round(aa.share(UNATTRIBUTED), 4), 0.0,

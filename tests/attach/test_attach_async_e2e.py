@@ -151,3 +151,20 @@ def test_requests_waiting_on_a_semaphore_beside_idle_persistent_db_connections_a
     assert not [f for f in report["findings"] if f["layer"] == "db.pool"], report["findings"]
     census = report["collection"]["census"]
     assert census["db_connections_ceiling"] == 3 and census["db_connections_active_share"] == 0.0, census
+
+
+def test_requests_behind_an_http_clients_connection_limit_give_http_pool_inferred(tmp_path, slow_provider):
+    """12 clients; the openai client may open 2 connections (httpx limits) to a provider whose
+    first token takes 400 ms: 2 requests at the provider, about 10 waiting in the process, none
+    at a database. From outside: a stable ceiling of 2 busy connections to one endpoint, named
+    http.pool as an inference under 0.5 (a semaphore of the service's own looks the same)."""
+    env = {"APP_PROVIDER": slow_provider.url, "APP_HTTP_LIMIT": "2"}
+    report, _ = attach_under_load(tmp_path, [], "/llm", 12, env=env, server=uvicorn(), duration_s=5)
+    verdict = report["verdict"]
+    assert (verdict["layer"], verdict["rule"]) == ("http.pool", "http-pool-exhaustion"), verdict
+    assert verdict["confidence"] < 0.5
+    (finding,) = [f for f in report["findings"] if f["rule"] == "http-pool-exhaustion"]
+    evidence = finding["evidence"]
+    assert evidence["inferred"] is True and evidence["http_connections_ceiling"] == 2
+    assert evidence["http_endpoint"] == f"127.0.0.1:{slow_provider.port}"
+    assert evidence["requests_waiting_in_process_mean"] >= 6

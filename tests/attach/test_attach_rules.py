@@ -169,6 +169,21 @@ def test_a_ceiling_of_db_connections_is_a_pool_only_when_they_carry_statements()
     assert (verdict.layer, verdict.rule, verdict.confidence) == ("db.pool", "db-pool-exhaustion", 0.5), verdict
 
 
+def test_requests_behind_a_busy_ceiling_of_http_connections_are_http_pool_inferred_under_half():
+    """8 requests in flight, 2 connections to one HTTP endpoint every second, both awaiting its
+    answer, none at a database: 6 wait in the process, most likely for the client's limit."""
+    aa = analysed({"free": 1.0}, loop_busy_share=0.0, census=(8.0, 2.0))
+    findings = run_rules(aa, default_rules())
+    (finding,) = [f for f in findings if f.rule == "http-pool-exhaustion"]
+    assert finding.evidence["inferred"] is True and finding.evidence["http_endpoint"] == "127.0.0.1:8443"
+    verdict = decide_verdict(aa, findings)
+    assert (verdict.layer, verdict.rule, verdict.confidence) == ("http.pool", "http-pool-exhaustion", 0.4), verdict
+    assert verdict.share_of_tail_excess == 0.75 and "semaphore" in verdict.summary
+    # a database in use beside it: the wire cannot tell which limit they wait behind
+    both = analysed({"free": 1.0}, loop_busy_share=0.0, census=(8.0, 2.0), db=(3, 1.0))
+    assert decide_verdict(both, run_rules(both, default_rules())).layer != "http.pool"
+
+
 def test_a_brief_backlog_behind_busy_cpus_leaves_the_verdict_to_the_cpu():
     # Workers busy running Python; the accept queue read 1 in one of three seconds (a client's
     # next connection arriving while both workers finish their request): the backlog's share of

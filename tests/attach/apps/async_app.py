@@ -11,6 +11,8 @@ PostgreSQL connections held across a slow LLM call.
   the pool. `APP_DB=sqlalchemy` uses an SQLAlchemy asyncio engine on asyncpg (autobegin: the
   connection sits `idle in transaction` during the LLM call); `APP_DB=asyncpg` an asyncpg pool
   without a transaction (the connection sits `idle`). `APP_PG` is the PostgreSQL URL.
+- `GET /llm`: the LLM call alone; with `APP_HTTP_LIMIT=N` the openai client's HTTP pool opens
+  at most N connections, and the requests beyond them wait for one inside the process.
 - `GET /ask`: a quick query (connection given back at once) and, with `APP_REDIS`, a Redis GET,
   then the LLM call with nothing held: the service keeps its `APP_POOL_SIZE` PostgreSQL and
   Redis connections open and idle (persistent) while the requests wait on the provider — no pool
@@ -54,7 +56,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if os.environ.get("APP_PROVIDER"):
         from openai import AsyncOpenAI
 
-        state["llm"] = AsyncOpenAI(base_url=os.environ["APP_PROVIDER"], api_key="test", max_retries=0)
+        limit = os.environ.get("APP_HTTP_LIMIT")  # the HTTP client's connection limit (httpx's default: 100)
+        client = None
+        if limit:
+            import httpx
+
+            client = httpx.AsyncClient(limits=httpx.Limits(max_connections=int(limit)), timeout=120)
+        state["llm"] = AsyncOpenAI(base_url=os.environ["APP_PROVIDER"], api_key="test", max_retries=0, http_client=client)
     yield
     if "engine" in state:
         await state["engine"].dispose()
@@ -131,5 +139,11 @@ async def ask_only() -> dict[str, int]:
         await conn.fetchval("SELECT 1")
     if "redis" in state:
         await state["redis"].get("latprof-attach-test")
+    answer = await ask()
+    return {"answer_chars": len(answer)}
+
+
+@app.get("/llm")
+async def llm_only() -> dict[str, int]:
     answer = await ask()
     return {"answer_chars": len(answer)}
