@@ -368,6 +368,7 @@ class _Wire:
         self.readings = 0
         self.ages: list[int] = []  # how long each request in flight has waited for its answer, this second
         self.inodes: set[int] | None = None  # the socket inodes among the target's descriptors, this second
+        self.foreign: set[int] = set()  # inodes of other processes' sockets seen this second
         self.db_ports: set[int] = set()  # the target's local ports of its connections to --db's server
         self.failed = False
         self.pg_failed = False
@@ -378,10 +379,17 @@ class _Wire:
             return
         try:
             if self.inodes is None:  # the target's sockets, looked up once a second (outbound connections last)
-                self.inodes = procfs.socket_inodes(pids)
+                self.inodes, self.foreign = procfs.socket_inodes(pids), set()
             sockets = sockdiag.tcp_sockets(self.session.pid, states=ESTABLISHED)  # the kernel leaves out TIME_WAIT and the rest
             # connections accepted since: on a listening port of the target's namespace, they are its own
             inodes = self.inodes | {s.inode for s in sockets if s.local[1] in self.ports}
+            # a connection opened since (a client that opens one per call): look the target's
+            # sockets up again; those still not its own belong to other processes, asked once
+            unknown = {s.inode for s in sockets if s.inode and s.inode not in inodes and s.inode not in self.foreign}
+            if unknown:
+                self.inodes = procfs.socket_inodes(pids)
+                inodes = self.inodes | {s.inode for s in sockets if s.local[1] in self.ports}
+                self.foreign |= unknown - inodes
             census = sockdiag.census(self.session.pid, inodes, self.ports, sockets=sockets, receiving_ms=RECEIVING_MS)
         except Exception as exc:  # the census is one signal of several: say so once and go on without it
             self.failed = True

@@ -298,8 +298,9 @@ def _http_limit(wire: WireState, endpoints: dict[str, Endpoint]) -> str | None:
     for key, e in endpoints.items():
         if e.db or not e.established or not wire.seconds:
             continue
-        ceiling = max(e.established.values())
-        at_ceiling = sum(1 for s in wire.seconds if e.established.get(s, 0.0) >= ceiling) / len(wire.seconds)
+        ceiling = round(max(e.established.values()))
+        # per-second means: a client that opens a connection per call dips between two of them
+        at_ceiling = sum(1 for s in wire.seconds if e.established.get(s, 0.0) >= ceiling - 0.5) / len(wire.seconds)
         busy = wire.mean({s: e.pending.get(s, 0.0) + e.receiving.get(s, 0.0) for s in wire.seconds})
         if (ceiling >= 1 and at_ceiling >= STABLE_CEILING_SHARE and busy >= HTTP_LIMIT_BUSY_SHARE * ceiling
                 and wire.in_flight_mean > ceiling):  # fmt: skip

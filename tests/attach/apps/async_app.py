@@ -51,7 +51,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if os.environ.get("APP_REDIS"):
         import redis.asyncio
 
-        state["redis"] = redis.asyncio.Redis.from_url(os.environ["APP_REDIS"], max_connections=POOL_SIZE)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(os.environ["APP_REDIS"], max_connections=POOL_SIZE)
+        state["redis"] = redis.asyncio.Redis(connection_pool=pool)  # waits for a connection rather than failing
         await asyncio.gather(*(state["redis"].ping() for _ in range(POOL_SIZE)))  # open them all, kept open
     if os.environ.get("APP_PROVIDER"):
         from openai import AsyncOpenAI
