@@ -113,7 +113,7 @@ def _named(layer: str, share: float | None, confidence: float, summary: str, fin
         confidence = min(confidence, explaining.confidence)
         if "inferred" not in summary:
             summary = f"{summary.rstrip('.')} (inferred from {inference.inferred_from}; see the finding)."
-    return Verdict(layer, rule, share, round(confidence, 3), summary, "layer")
+    return Verdict(layer, rule, share, round(min(1.0, max(0.0, confidence)), 3), summary, "layer")
 
 
 def _of_requests(analysis: Analysis, findings: Sequence[Finding]) -> Verdict:

@@ -129,7 +129,10 @@ def test_idle_persistent_connections_while_requests_wait_on_the_provider_are_no_
     report, _ = attach_under_load(tmp_path, [], "/ask", 12, env=env, server=uvicorn(), duration_s=5)
     verdict = report["verdict"]
     assert verdict["layer"] != "db.pool" and not [f for f in report["findings"] if f["layer"] == "db.pool"], report["findings"]
-    assert verdict["layer"] in (None, "provider", "tool"), verdict  # never a wrong layer
+    if verdict["layer"] == "event_loop":  # on openai 2.x (a connection per call) the loop really is held, in blocks
+        assert report["collection"]["event_loop"]["blocked_intervals"] >= 3, report["collection"]["event_loop"]
+    else:
+        assert verdict["layer"] in (None, "provider", "tool"), verdict  # never a wrong layer
     census = report["collection"]["census"]
     endpoints = census["endpoints"]
     pg_port = urllib.parse.urlsplit(services.PG_DSN).port or 5432
