@@ -500,8 +500,8 @@ def wire_http_limit_statement(aa: AttachAnalysis) -> tuple[str, dict[str, Any], 
     wire = aa.wire
     assert wire is not None and wire.http_limited is not None
     endpoint = wire.endpoints[wire.http_limited]
-    ceiling = round(max(endpoint.established.values()))
-    busy = wire.mean({s: endpoint.pending.get(s, 0.0) + endpoint.receiving.get(s, 0.0) for s in wire.seconds})
+    ceiling = endpoint.ceiling
+    busy = wire.mean({s: endpoint.busy(s) for s in wire.seconds})
     summary = (
         f"{wire.in_flight_mean:.0f} requests were in flight on average but the service never had more than"
         f" {ceiling:g} connections to {wire.http_limited}, {busy:.1f} of them busy on average, and none of the"

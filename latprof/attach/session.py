@@ -382,13 +382,14 @@ class _Wire:
                 self.inodes, self.foreign = procfs.socket_inodes(pids), set()
             sockets = sockdiag.tcp_sockets(self.session.pid, states=ESTABLISHED)  # the kernel leaves out TIME_WAIT and the rest
             # connections accepted since: on a listening port of the target's namespace, they are its own
-            inodes = self.inodes | {s.inode for s in sockets if s.local[1] in self.ports}
+            accepted = {s.inode for s in sockets if s.local[1] in self.ports}
+            inodes = self.inodes | accepted
             # a connection opened since (a client that opens one per call): look the target's
             # sockets up again; those still not its own belong to other processes, asked once
             unknown = {s.inode for s in sockets if s.inode and s.inode not in inodes and s.inode not in self.foreign}
             if unknown:
                 self.inodes = procfs.socket_inodes(pids)
-                inodes = self.inodes | {s.inode for s in sockets if s.local[1] in self.ports}
+                inodes = self.inodes | accepted
                 self.foreign |= unknown - inodes
             census = sockdiag.census(self.session.pid, inodes, self.ports, sockets=sockets, receiving_ms=RECEIVING_MS)
         except Exception as exc:  # the census is one signal of several: say so once and go on without it

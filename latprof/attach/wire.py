@@ -129,6 +129,15 @@ class Endpoint:
     def db(self) -> bool:
         return self.kind != "http"
 
+    @property
+    def ceiling(self) -> int:
+        """The most connections open at once (per-second means, rounded)."""
+        return round(max(self.established.values(), default=0.0))
+
+    def busy(self, second: int) -> float:
+        """Connections carrying something that second: a request sent (pending) or an answer arriving."""
+        return self.pending.get(second, 0.0) + self.receiving.get(second, 0.0)
+
     def summary(self, seconds: list[int]) -> dict[str, Any]:
         def mean(d: dict[int, float]) -> float:
             return round(sum(d.get(s, 0.0) for s in seconds) / len(seconds), 2) if seconds else 0.0
@@ -252,8 +261,7 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
     for s in seconds:
         at_db[s] = sum(e.pending.get(s, 0.0) for e in db)
         # an answer that arrived and sits unread waits for the process, not for the endpoint
-        elsewhere = sum(max(0.0, e.pending.get(s, 0.0) + e.receiving.get(s, 0.0) - e.unread.get(s, 0.0))
-                        for e in endpoints.values() if not e.db)  # fmt: skip
+        elsewhere = sum(max(0.0, e.busy(s) - e.unread.get(s, 0.0)) for e in endpoints.values() if not e.db)
         active = max(0.0, in_flight[s] - at_db[s])
         # requests whose answer sits unread wait for the process to read it: on an asyncio
         # server, for the loop to get round to them (it was busy with something else). The
@@ -268,9 +276,7 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
         add(EVENT_LOOP if loop is not None else UNATTRIBUTED, behind)
     wire.waiting_s = sum(waiting.values())
     if db and seconds:
-        wire.db_active_share = sum(
-            1 for s in seconds if sum(e.pending.get(s, 0.0) + e.receiving.get(s, 0.0) for e in db) > 0
-        ) / len(seconds)
+        wire.db_active_share = sum(1 for s in seconds if sum(e.busy(s) for e in db) > 0) / len(seconds)
     wire.pool_inferred = bool(
         db and wire.db_ceiling > 0
         and wire.db_ceiling_share >= STABLE_CEILING_SHARE
@@ -298,10 +304,10 @@ def _http_limit(wire: WireState, endpoints: dict[str, Endpoint]) -> str | None:
     for key, e in endpoints.items():
         if e.db or not e.established or not wire.seconds:
             continue
-        ceiling = round(max(e.established.values()))
+        ceiling = e.ceiling
         # per-second means: a client that opens a connection per call dips between two of them
         at_ceiling = sum(1 for s in wire.seconds if e.established.get(s, 0.0) >= ceiling - 0.5) / len(wire.seconds)
-        busy = wire.mean({s: e.pending.get(s, 0.0) + e.receiving.get(s, 0.0) for s in wire.seconds})
+        busy = wire.mean({s: e.busy(s) for s in wire.seconds})
         if (ceiling >= 1 and at_ceiling >= STABLE_CEILING_SHARE and busy >= HTTP_LIMIT_BUSY_SHARE * ceiling
                 and wire.in_flight_mean > ceiling):  # fmt: skip
             fits.append(key)
