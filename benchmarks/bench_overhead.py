@@ -69,11 +69,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def server_command(server: str, port: int, http: str, loop: str) -> list[str]:
+def server_command(server: str, port: int, http: str, loop: str, workers: int = 1) -> list[str]:
     if server == "gunicorn":
         return [
             sys.executable, "-m", "gunicorn", "overhead_wsgi:app", "--chdir", str(HERE), "-b", f"127.0.0.1:{port}",
-            "-k", "gthread", "--threads", "4", "-w", "1", "--log-level", "warning",
+            "-k", "gthread", "--threads", "4", "-w", str(workers), "--log-level", "warning",
         ]  # fmt: skip
     if server == "aiohttp":
         return [sys.executable, str(HERE / "overhead_aiohttp.py"), str(port)]
@@ -84,9 +84,11 @@ def server_command(server: str, port: int, http: str, loop: str) -> list[str]:
     ]  # fmt: skip
 
 
-def start_server(name: str, env: dict[str, str], http: str, loop: str, cpu: int | None, server: str = "uvicorn") -> Server:
+def start_server(
+    name: str, env: dict[str, str], http: str, loop: str, cpu: int | None, server: str = "uvicorn", workers: int = 1
+) -> Server:
     port = free_port()
-    cmd = server_command(server, port, http, loop)
+    cmd = server_command(server, port, http, loop, workers)
     pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None  # workers forked later inherit it
     env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)}
     proc = subprocess.Popen(cmd, env=env, cwd=HERE, start_new_session=True, preexec_fn=pin)
