@@ -136,13 +136,26 @@ class AcceptCounter:
         return new
 
 
-def remote_endpoints(pids: Iterable[int], inbound_ports: Iterable[int] = ()) -> dict[tuple[str, int, str], int]:
+def remote_endpoints(
+    pids: Iterable[int], inbound_ports: Iterable[int] = (), sockets: Iterable[Any] | None = None
+) -> dict[tuple[str, int, str], int]:
     """Outbound connections of `pids` by (remote address, remote port, status): listening
-    sockets and connections accepted on `inbound_ports` left out."""
+    sockets and connections accepted on `inbound_ports` left out. `sockets`: a
+    `sockdiag.tcp_sockets` answer of their namespace already at hand, matched to their
+    descriptors (else psutil reads /proc/PID/net/tcp per process, which walks the kernel's
+    whole socket table each time)."""
     inbound = set(inbound_ports)
+    found: dict[tuple[str, int, str], int] = {}
+    if sockets is not None:
+        pids = list(pids)
+        inodes = socket_inodes(pids)
+        for s in sockets:
+            if s.inode in inodes and s.remote[1] and s.local[1] not in inbound:
+                key = (s.remote[0], s.remote[1], s.state)
+                found[key] = found.get(key, 0) + 1
+        return found
     import psutil
 
-    found: dict[tuple[str, int, str], int] = {}
     for pid in pids:
         try:
             conns = psutil.Process(pid).net_connections(kind="tcp")

@@ -69,6 +69,13 @@ def py_spy() -> str:
     return found
 
 
+def _ppid(proc: Any) -> int | None:
+    try:
+        return int(proc.ppid())
+    except Exception:  # psutil.Error: gone meanwhile
+        return None
+
+
 def alive(pid: int) -> bool:
     """The process exists and has not exited (an exited child its parent has not reaped yet is a zombie)."""
     try:
@@ -401,11 +408,19 @@ class WaitChannels:
         return found
 
 
+#: A supervisor (a sampled process with sampled children: gunicorn's arbiter, uvicorn's
+#: `--workers` parent) whose last window had no busy sample is sampled at rate / this: about a
+#: sixth of the sampler's py-spy CPU for one that only waits, as they do.
+IDLE_PARENT_DIVISOR = 10
+
+
 class Sampler:
     """Samples a process and, unless `subprocesses` is off, its Python children (a gunicorn
     master's workers, found again every window, so restarted workers are picked up), each in a
     recording loop of its own: one `Window` after another, handed to `on_window` (from the
     loops' threads: it must be thread-safe), each process's apart from the others'.
+    `on_window` may return whether the window had a busy sample: a supervisor that had none
+    is sampled at a tenth of the rate (`IDLE_PARENT_DIVISOR`) until one has; its `Window.rate` says so.
 
     Windows of one process follow each other with the time py-spy needs to attach in between
     (about 0.2 s of each 1.2 s here); a window's own start and end say what it covers. A
@@ -434,6 +449,7 @@ class Sampler:
         self.errors: list[str] = []
         self._loops: dict[int, threading.Thread] = {}
         self._lock = threading.Lock()
+        self._parents: set[int] = set()  # sampled processes with sampled children: a server's supervisor
 
     def processes(self) -> list[int]:
         """The target and its Python children now."""
@@ -453,6 +469,8 @@ class Sampler:
                     pids.append(proc.pid)
             except psutil.Error:
                 continue
+        kept = set(pids)
+        self._parents = {p for p in (_ppid(proc) for proc in found if proc.pid in kept and proc.pid != self.pid) if p in kept}
         return pids
 
     def run(self, duration_s: float) -> None:
@@ -476,21 +494,29 @@ class Sampler:
         for loop in list(self._loops.values()):
             loop.join(self.window_s + DUMP_TIMEOUT_S + 5)
 
+    def _rate_after(self, pid: int, busy: bool | None) -> int:
+        """The rate of `pid`'s next window: low while it is a supervisor with nothing to do
+        (`busy` False: its last window had no busy sample, and it has Python children)."""
+        if busy is False and pid in self._parents:
+            return max(1, self.rate // IDLE_PARENT_DIVISOR)
+        return self.rate
+
     def _loop(self, pid: int, deadline: int) -> None:
+        rate = self.rate
         while not self.stop_event.is_set():
             left_s = (deadline - time_ns()) / 1e9
             if left_s < 0.5:  # a recording is whole seconds: less than half of one left is none
                 return
             try:
-                window = record_window(pid, seconds=min(self.window_s, max(1, round(left_s))), rate=self.rate)
+                window = record_window(pid, seconds=min(self.window_s, max(1, round(left_s))), rate=rate)
             except SamplerError as exc:
                 if not alive(pid):
                     self.exited.append(pid)
                 else:
                     self.errors.append(str(exc))
                 return
-            if window.counts:
-                self.on_window(window)
+            busy = self.on_window(window) if window.counts else None
+            rate = self._rate_after(pid, busy)
             if not alive(pid):
                 self.exited.append(pid)
                 return

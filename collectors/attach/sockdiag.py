@@ -160,18 +160,47 @@ class Census:
 def tcp_sockets(pid: int | None = None, *, states: frozenset[str] | None = None) -> list[TcpSocket]:
     """Every TCP socket of the network namespace of `pid` (None: ours); with `states`, only
     those in these states (asked of the kernel, which then sends no others)."""
-    mask = _ALL_STATES if states is None else _state_mask(states)
-    sock = _open(pid)
+    reader = SocketReader(pid)
     try:
-        found = _dump(sock, socket.AF_INET, mask, 1)
-        try:
-            found += _dump(sock, socket.AF_INET6, mask, 2)
-        except SockDiagError as exc:
-            if not isinstance(exc.__cause__, OSError) or exc.__cause__.errno not in _NO_IPV6:
-                raise
+        return reader.sockets(states)
     finally:
-        sock.close()
-    return found
+        reader.close()
+
+
+class SocketReader:
+    """A sock_diag socket in the network namespace of `pid` (None: ours), kept open for dump
+    after dump: a poller asking ten times a second opens it once (in another namespace that
+    takes a thread that enters it). One thread uses it at a time."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid
+        self._sock: socket.socket | None = None
+        self._seq = 0
+
+    def sockets(self, states: frozenset[str] | None = None) -> list[TcpSocket]:
+        """Every TCP socket in `states` (None: all), as `tcp_sockets`. After a failure the
+        socket is closed and the next call opens another."""
+        mask = _ALL_STATES if states is None else _state_mask(states)
+        if self._sock is None:
+            self._sock = _open(self.pid)
+        sock = self._sock
+        self._seq = (self._seq + 2) & 0x7FFFFFFE  # each dump its own: an answer left from a failed one is skipped
+        try:
+            found = _dump(sock, socket.AF_INET, mask, self._seq)
+            try:
+                found += _dump(sock, socket.AF_INET6, mask, self._seq + 1)
+            except SockDiagError as exc:
+                if not isinstance(exc.__cause__, OSError) or exc.__cause__.errno not in _NO_IPV6:
+                    raise
+        except BaseException:
+            self.close()
+            raise
+        return found
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
 
 _NO_IPV6 = {errno.ENOENT, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT, errno.EINVAL}

@@ -157,9 +157,11 @@ class AttachSession:
 
     # -- stacks -------------------------------------------------------------------------------
 
-    def _window(self, window: Any) -> None:
+    def _window(self, window: Any) -> bool:
+        """Write one window's samples; whether one of them was busy (else the sampler may slow
+        down on a supervisor)."""
         self.channels.watch(window.pid)
-        classified = classify_window(window, self.channels.between(window.pid, window.start_ns, window.end_ns))
+        classified = classify_window(window, self.channels.between(window.pid, window.start_ns, window.end_ns), self.rate)
         events = [e for e, _ in classified]
         total = sum(e.weight for e in events)
         busy: dict[str, int] = {}  # busy samples by layer, for the progress line
@@ -179,20 +181,25 @@ class AttachSession:
             stats = self.stats
         if self.on_progress is not None:
             self.on_progress(stats)
+        return any(c.state == BUSY for _, c in classified)
 
     # -- /proc ----------------------------------------------------------------------------------
 
-    def _census(self, wire: _Wire, pids: list[int]) -> None:
-        """The socket census (and the --db backends) every `POLL_S`, the census written once a second."""
+    def _census(self, wire: _Wire, pids: list[int], dumps: _Handoff) -> None:
+        """The socket census (and the --db backends) on each of the accept-queue poller's
+        dumps (`dumps`; every `POLL_S`), the census written once a second."""
         next_second = time.monotonic() + 1.0
+        seen = 0
         try:
             while not self.sampler.stop_event.is_set():
-                wire.poll(pids)
+                seen, sockets = dumps.take(seen, 3 * POLL_S)
+                if self.sampler.stop_event.is_set():
+                    break
+                wire.poll(pids, sockets)
                 if time.monotonic() >= next_second:
                     next_second += 1.0
                     wire.flush(time.time_ns())
                     pids = self.sampler.processes() or pids
-                self.sampler.stop_event.wait(POLL_S)
         except Exception as exc:  # the stacks and /proc go on without it; say so in the capture
             self.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), self.pid, f"socket census stopped: {type(exc).__name__}: {exc}"))
 
@@ -203,52 +210,67 @@ class AttachSession:
             counter = procfs.AcceptCounter(self.pid, ports)
             counter.poll()
             seconds = _EverySecond(self, ports)
-            census = threading.Thread(target=self._census, args=(_Wire(self, ports), pids), name="latprof-census", daemon=True)
-            census.start()  # in a thread of its own: the accept-queue readings keep their cadence
+            # One sock_diag dump per reading serves the accept queues here and the census in a
+            # thread of its own (so that these readings keep their cadence): the kernel walks
+            # every TCP socket of the namespace for a dump, the largest part of latprof's CPU.
+            dumps = _Handoff()
+            census = threading.Thread(target=self._census, args=(_Wire(self, ports), pids, dumps), name="latprof-census", daemon=True)
+            census.start()
             next_second = time.monotonic() + 1.0
             accepted = 0
-            netlink = True  # sock_diag, else /proc/PID/net/tcp (costly: it walks the kernel's whole socket table)
+            reader: sockdiag.SocketReader | None = sockdiag.SocketReader(self.pid)  # else /proc/PID/net/tcp (costly: it walks the kernel's whole socket table)
             while True:  # a reading at once, then one every POLL_S until the sampling stops
                 now = time.time_ns()
                 rows = None
-                if netlink:
+                if reader is not None:
                     try:
-                        rows = procfs.rows_of(sockdiag.tcp_sockets(self.pid, states=LISTEN_OR_ESTABLISHED))
+                        sockets = reader.sockets(LISTEN_OR_ESTABLISHED)
+                        dumps.put([s for s in sockets if s.state == "ESTABLISHED"])
+                        rows = procfs.rows_of(sockets)
                     except sockdiag.SockDiagError:
-                        netlink = False
+                        reader = None
+                if reader is None:
+                    dumps.put(None)  # the census asks for its own (and says so if it cannot)
                 for port, depth in procfs.accept_queues(self.pid, ports, rows).items():
                     self.writer.emit(Gauge(GAUGE_ACCEPT_QUEUE, depth, now, self.pid, {"server.port": port}))
                 self._proc_started.set()  # the first reading is in: sampling may begin
                 accepted += counter.poll(rows)
                 if time.monotonic() >= next_second:
                     next_second += 1.0
-                    seconds.read(now, accepted)
+                    seconds.read(now, accepted, sockets if reader is not None else None)
                     accepted = 0
                 if self.sampler.stop_event.wait(POLL_S):
                     break
+            dumps.put(None)  # wakes the census to see the stop
             census.join(5)
+            if reader is not None:
+                reader.close()
         except Exception as exc:  # the stacks go on without /proc; say so in the capture
             self._proc_started.set()
             self.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), self.pid, f"/proc polling stopped: {type(exc).__name__}: {exc}"))
 
 
-def classify_window(window: Any, wchans: dict[int, dict[str, int]]) -> list[tuple[StackSample, Classification]]:
+def classify_window(window: Any, wchans: dict[int, dict[str, int]], rate: int | None = None) -> list[tuple[StackSample, Classification]]:
     """One py-spy window's stacks as capture events, each with what it says (`latprof.collectors.attach.stacks`).
 
     A stack a signature explains is one event; a stack none explains (a C call that left no
     frame) is shared out over the wait channels its thread was seen in during the window
     (`wchans`: tid -> wait channel -> readings), one event per channel. What `latprof attach`
     writes and what `latprof top` shows are made here, alike, and each event is classified by
-    `stacks.classify_sample`, as the analysis of the capture classifies it again."""
+    `stacks.classify_sample`, as the analysis of the capture classifies it again. A window
+    sampled at a lower rate than the session's `rate` (an idle supervisor's) weighs each
+    sample as the session's rate would have counted it."""
     out: list[tuple[StackSample, Classification]] = []
+    scale = max(1, round(rate / window.rate)) if rate and window.rate else 1
     for c in window.counts:
         frames = tuple(EventFrame(f.name, f.file) for f in c.frames)
         seen = wchans.get(c.tid)
+        count = c.count * scale
         if not seen or match(c.frames) is not None:
-            samples = [StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, False, None, c.count)]
+            samples = [StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, False, None, count)]
         else:
             samples = [StackSample(window.start_ns, window.pid, c.tid, c.thread, frames, w == "0", w, n)
-                       for w, n in share_out(c.count, seen)]  # fmt: skip
+                       for w, n in share_out(count, seen)]  # fmt: skip
         out += [(sample, classify_sample(sample)) for sample in samples]
     return out
 
@@ -354,6 +376,28 @@ class _Cost:
         return out
 
 
+class _Handoff:
+    """The latest of a series of values, from one thread to another that waits for each new one."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._value: Any = None
+        self._count = 0
+
+    def put(self, value: Any) -> None:
+        with self._cond:
+            self._value = value
+            self._count += 1
+            self._cond.notify_all()
+
+    def take(self, seen: int, timeout_s: float) -> tuple[int, Any]:
+        """(count, value) once a value newer than the `seen`th was put, or (seen, None) after `timeout_s`."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._count != seen, timeout_s):
+                return seen, None
+            return self._count, self._value
+
+
 class _Wire:
     """The socket census (`collectors/attach/sockdiag.py`), read every `POLL_S` and written as the mean
     of each second (`census.*` gauges); and with `--db`, at each census reading, the target's
@@ -374,13 +418,15 @@ class _Wire:
         self.pg_failed = False
         self.warned_restricted = False
 
-    def poll(self, pids: list[int]) -> None:
+    def poll(self, pids: list[int], sockets: list[sockdiag.TcpSocket] | None = None) -> None:
+        """One reading: `sockets`, the namespace's ESTABLISHED sockets just dumped (None: dump them here)."""
         if self.failed:
             return
         try:
             if self.inodes is None:  # the target's sockets, looked up once a second (outbound connections last)
                 self.inodes, self.foreign = procfs.socket_inodes(pids), set()
-            sockets = sockdiag.tcp_sockets(self.session.pid, states=ESTABLISHED)  # the kernel leaves out TIME_WAIT and the rest
+            if sockets is None:
+                sockets = sockdiag.tcp_sockets(self.session.pid, states=ESTABLISHED)  # the kernel leaves out TIME_WAIT and the rest
             # connections accepted since: on a listening port of the target's namespace, they are its own
             accepted = {s.inode for s in sockets if s.local[1] in self.ports}
             inodes = self.inodes | accepted
@@ -470,7 +516,8 @@ class _EverySecond:
         self.last_ctx: dict[int, tuple[int, int]] = {}
         self.last_at = time.monotonic()
 
-    def read(self, now: int, accepted: int) -> None:
+    def read(self, now: int, accepted: int, sockets: list[sockdiag.TcpSocket] | None = None) -> None:
+        """This second's readings; `sockets`: the namespace's sockets just dumped, if they were."""
         import psutil
 
         emit, target = self.session.writer.emit, self.session.pid
@@ -483,7 +530,7 @@ class _EverySecond:
                 self._process(pid, now, elapsed)
             except psutil.Error:
                 self.procs.pop(pid, None)
-        for (address, port, status), n in procfs.remote_endpoints(pids, self.ports).items():
+        for (address, port, status), n in procfs.remote_endpoints(pids, self.ports, sockets).items():
             if status == "ESTABLISHED":
                 emit(Gauge(GAUGE_CONNECTIONS, n, now, target, {"server.address": address, "server.port": port}))
 

@@ -10,7 +10,7 @@ import pytest
 
 from attach.procs import end, free_port, gunicorn, park, start_server
 import services  # tests/services.py: the local services the tests use
-from latprof.collectors.attach import procfs
+from latprof.collectors.attach import procfs, sockdiag
 
 pytestmark = pytest.mark.slow  # real servers in subprocesses
 
@@ -60,10 +60,13 @@ def test_outbound_connections_by_remote_endpoint():
     scenario, _ = park("psycopg_pool_wait")
     try:
         endpoints = procfs.remote_endpoints([scenario.pid])
+        # the same from a sock_diag dump matched to the process's descriptors (what attach reads)
+        from_dump = procfs.remote_endpoints([scenario.pid], sockets=sockdiag.tcp_sockets(scenario.pid))
     finally:
         end(scenario)
     pg = {k: n for k, n in endpoints.items() if k[1] == 5432 and k[2] == "ESTABLISHED"}
     assert sum(pg.values()) == 1, endpoints  # the pool's only connection, held by the holder thread
+    assert from_dump == endpoints
 
 
 def test_a_timed_futex_wait_beside_a_running_thread_is_marked_a_gil_wait_and_an_untimed_one_is_not():
