@@ -1,6 +1,7 @@
 """What `latprof attach` costs a saturated service, and how soon it reports, side by side in one run.
 
     python benchmarks/bench_attach.py [--rounds 6] [--seconds 5] [--rate 100] [--connections 16] [--shared]
+                                      [--sampler latprof|py-spy]
 
 One gunicorn service (`overhead_wsgi.py`: Flask, one gthread worker with 4 threads, pinned to
 CPU 0) is saturated by a closed-loop client (`bench_overhead.py`'s, on CPU 1) round after
@@ -13,7 +14,8 @@ within 2%.
 
 `--shared` is the small real host instead: nothing pinned, one gthread worker per CPU, so
 the service, its client and the sampler share every core and the sampler's CPU is taken
-from the service (target: throughput within 5%).
+from the service (target: throughput within 5%). `--sampler py-spy` runs `py-spy record
+--subprocesses` alone at the same rate instead of latprof: the floor of sampling the stacks.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--rate", type=int, default=100)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--sampler", choices=["latprof", "py-spy"], default="latprof",
+                        help="what samples the service: latprof attach, or py-spy record alone (its floor)")
     parser.add_argument("--shared", action="store_true", help="pin nothing: one worker per CPU, all sharing every core")
     args = parser.parse_args()
 
@@ -81,11 +85,15 @@ def main() -> None:
                         continue
                     duration = int(args.seconds + args.warmup + 2)
                     started = time.monotonic()
-                    attach = subprocess.Popen(
-                        [sys.executable, "-m", "latprof", "attach", "--pid", str(server.proc.pid), "--duration", str(duration),
-                         "--rate", str(args.rate), "--format", "json", "--out", str(Path(tmp) / f"attach-{r}.jsonl")],
-                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=unpinned,
-                    )  # fmt: skip
+                    if args.sampler == "py-spy":  # py-spy alone, as a user would run it on the same processes
+                        command = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(server.proc.pid),
+                                   "--subprocesses", "--duration", str(duration), "--rate", str(args.rate), "--idle",
+                                   "--nonblocking", "--format", "raw", "--output", str(Path(tmp) / f"py-spy-{r}.txt")]
+                    else:
+                        command = [sys.executable, "-m", "latprof", "attach", "--pid", str(server.proc.pid), "--duration",
+                                   str(duration), "--rate", str(args.rate), "--format", "json", "--out",
+                                   str(Path(tmp) / f"attach-{r}.jsonl")]
+                    attach = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=unpinned)
                     watcher = psutil.Process(attach.pid)
                     time.sleep(1.0)  # attached and sampling
                     cpu0, t0 = tree_cpu_s(watcher), time.monotonic()
@@ -95,13 +103,13 @@ def main() -> None:
                     attach.communicate(timeout=duration + 60)
                     report_delay.append(time.monotonic() - (started + duration))
                     if attach.returncode != 0:
-                        raise SystemExit(f"bench_attach: latprof attach failed (exit {attach.returncode})")
+                        raise SystemExit(f"bench_attach: {args.sampler} failed (exit {attach.returncode})")
     finally:
         bo.stop(server)
     a = {k: statistics.median(x[k] for x in plain) for k in ("rps", "p50_ms")}
     b = {k: statistics.median(x[k] for x in attached) for k in ("rps", "p50_ms")}
     print(f"python {sys.version.split()[0]}, gunicorn gthread, {args.connections} connections, {args.rounds} rounds x"
-          f" {args.seconds:g} s per configuration, attach at {args.rate} Hz"
+          f" {args.seconds:g} s per configuration, {args.sampler} at {args.rate} Hz"
           f" ({'shared: nothing pinned, ' + str(cpus) + ' workers' if args.shared else 'pinned: ' + str(two_cpus)})")
     print(f"alone:    {a['rps']:.0f} req/s, p50 {a['p50_ms']:.2f} ms")
     print(f"attached: {b['rps']:.0f} req/s, p50 {b['p50_ms']:.2f} ms")
@@ -109,9 +117,10 @@ def main() -> None:
     pairs = ", ".join(f"{x['rps'] / y['rps'] - 1:+.1%}" for x, y in zip(attached, plain))
     print(f"  per round pair: {pairs}")
     cpu = statistics.median(sampler_cpu)
-    print(f"sampler CPU: {cpu:.1f}% of one core, {cpu / cpus:.1f}% of the machine's {cpus} (latprof and py-spy, median)")
-    print(f"report printed {statistics.median(report_delay):.2f} s after the end of --duration (median; max"
-          f" {max(report_delay):.2f} s; target <= 2 s)")
+    print(f"sampler CPU: {cpu:.1f}% of one core, {cpu / cpus:.1f}% of the machine's {cpus} ({'latprof and its py-spy' if args.sampler == 'latprof' else 'py-spy'}, median)")
+    if args.sampler == "latprof":
+        print(f"report printed {statistics.median(report_delay):.2f} s after the end of --duration (median; max"
+              f" {max(report_delay):.2f} s; target <= 2 s)")
 
 
 if __name__ == "__main__":

@@ -157,6 +157,32 @@ def mark_gil_waits(pid: int, channels: dict[int, str]) -> dict[int, str]:
     return marked
 
 
+def host_tids(pid: int) -> dict[int, int] | None:
+    """{thread id as `pid` sees it: our thread id} when `pid` is in another PID namespace (a
+    container's), else None (the ids are the same). py-spy reports each thread by the id its
+    interpreter knows, which in a container is the container's; /proc here, and so the wait
+    channels, need ours (`NSpid` in each thread's status: ours first, its own last)."""
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/ns/pid"), os.stat("/proc/self/ns/pid")
+        if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+            return None
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone, or not ours to read: the ids are left as they are
+        return None
+    found: dict[int, int] = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("NSpid:"):
+                        ids = line.split()[1:]
+                        found[int(ids[-1])] = int(ids[0])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 def dump(pid: int, *, timeout_s: float = DUMP_TIMEOUT_S) -> list[ThreadSample]:
     """One snapshot of every thread of `pid`, without pausing it."""
     if not os.path.exists(f"/proc/{pid}"):
@@ -180,6 +206,10 @@ def dump(pid: int, *, timeout_s: float = DUMP_TIMEOUT_S) -> list[ThreadSample]:
     except ValueError:
         raise SamplerError(f"py-spy dump of PID {pid} printed something that is not JSON") from None
     found = [t for t in (threads if isinstance(threads, list) else ()) if isinstance(t.get("os_thread_id"), int)]
+    mapping = host_tids(pid)
+    if mapping:
+        for t in found:
+            t["os_thread_id"] = mapping.get(t["os_thread_id"], t["os_thread_id"])
     read = {t["os_thread_id"]: wchan(pid, t["os_thread_id"]) for t in found}
     channels = mark_gil_waits(pid, {tid: value for tid, value in read.items() if value is not None})
     return [
@@ -361,6 +391,9 @@ def record_window(pid: int, *, seconds: int = WINDOW_S, rate: int = 100, out_dir
                 counts = parse_raw(f.read())
         except OSError:
             counts = []
+    mapping = host_tids(pid)
+    if mapping:  # a container's thread ids, as ours
+        counts = [StackCount(mapping.get(c.tid, c.tid), c.thread, c.frames, c.count) for c in counts]
     # the samples were taken over the last `seconds` of the call (attaching came first)
     return Window(pid, max(started, ended - int(seconds * 1e9)), ended, rate, counts)
 
