@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--sampler", choices=["latprof", "py-spy"], default="latprof",
                         help="what samples the service: latprof attach, or py-spy record alone (its floor)")
+    parser.add_argument("--nice", type=int, default=0, help="run the sampler under nice -n N")
     parser.add_argument("--shared", action="store_true", help="pin nothing: one worker per CPU, all sharing every core")
     args = parser.parse_args()
 
@@ -93,6 +94,8 @@ def main() -> None:
                         command = [sys.executable, "-m", "latprof", "attach", "--pid", str(server.proc.pid), "--duration",
                                    str(duration), "--rate", str(args.rate), "--format", "json", "--out",
                                    str(Path(tmp) / f"attach-{r}.jsonl")]
+                    if args.nice:
+                        command = ["nice", "-n", str(args.nice), *command]
                     attach = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=unpinned)
                     watcher = psutil.Process(attach.pid)
                     time.sleep(1.0)  # attached and sampling
