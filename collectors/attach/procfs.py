@@ -147,7 +147,6 @@ def remote_endpoints(
     inbound = set(inbound_ports)
     found: dict[tuple[str, int, str], int] = {}
     if sockets is not None:
-        pids = list(pids)
         inodes = socket_inodes(pids)
         for s in sockets:
             if s.inode in inodes and s.remote[1] and s.local[1] not in inbound:

@@ -69,13 +69,6 @@ def py_spy() -> str:
     return found
 
 
-def _ppid(proc: Any) -> int | None:
-    try:
-        return int(proc.ppid())
-    except Exception:  # psutil.Error: gone meanwhile
-        return None
-
-
 def alive(pid: int) -> bool:
     """The process exists and has not exited (an exited child its parent has not reaped yet is a zombie)."""
     try:
@@ -530,14 +523,16 @@ class Sampler:
         except psutil.Error:
             return []
         pids = []
+        parents = set()  # of the Python children
         for proc in found:
             try:
                 if proc.pid == self.pid or "python" in os.path.basename(proc.exe()).lower():
                     pids.append(proc.pid)
+                    if proc.pid != self.pid:
+                        parents.add(proc.ppid())
             except psutil.Error:
                 continue
-        kept = set(pids)
-        self._parents = {p for p in (_ppid(proc) for proc in found if proc.pid in kept and proc.pid != self.pid) if p in kept}
+        self._parents = parents.intersection(pids)
         return pids
 
     def run(self, duration_s: float) -> None:
