@@ -15,6 +15,7 @@ from latprof.engine import Finding, Rule, all_rules, configured, run_rules
 from latprof.analysis.inference import infer_pool_waits, infer_queueing
 from latprof.report.model import Report, build_report
 from latprof.analysis.timeline import build_timeline
+from latprof.attach.reconstruct import RECONSTRUCTED
 
 if TYPE_CHECKING:
     from latprof.attach.analysis import AttachAnalysis
@@ -61,11 +62,12 @@ def run_diagnosis(
         timeline = build_timeline(read_captures(paths))
         if source_kind is not None:
             timeline.source_kind = source_kind
-        if timeline.source_kind == "attach" and not timeline.requests:
-            from latprof.attach.analysis import analyze_attach, build_attach_report
+        if timeline.source_kind == "attach" and all(RECONSTRUCTED in rt.request.attrs for rt in timeline.requests):
+            # stack samples, and the requests reconstructed from them
+            from latprof.attach.analysis import analyze_attach, build_attach_report, judge
 
             samples = analyze_attach(timeline)
-            found = run_rules(samples, default_rules() if rules is None else rules)
+            found = judge(samples, default_rules() if rules is None else rules)
             return Diagnosis(None, found, build_attach_report(samples, found), samples)
         if timeline.source_kind in TRACE_SOURCES:
             timeline = infer_queueing(infer_pool_waits(timeline))

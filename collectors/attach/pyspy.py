@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import sleep, time_ns
-from typing import Any
+from typing import Any, Mapping
 
 from latprof.collectors.attach.stacks import GIL_MARK, Frame, frames_from_pyspy
 
@@ -301,14 +302,14 @@ def python_descendants(pid: int) -> list[int]:
 
 # --- continuous sampling: successive short recordings ------------------------------------------
 #
-# `py-spy record` writes its output only when it ends, and its raw format (`-f raw -t`) carries
-# the kernel thread ids but no timestamps; `py-spy dump` costs a process start per snapshot
-# (about 15 ms here), too slow for 100 Hz. So the sampler runs successive recordings of
-# `WINDOW_S` each, per process (`--subprocesses` would prefix every line with the command line
-# of each process, which may hold newlines): each yields, per thread, how many samples each
-# stack got in that window. A recording takes about 0.2 s to attach before it samples, so the
-# next one is started that much before the previous ends (`lead_s`, learnt from the last one),
-# keeping the windows back to back. Idle threads are kept (`--idle`): without it every wait is
+# `py-spy record` writes its output only when it ends; its chrometrace format (`-f chrometrace
+# -t`) carries the kernel thread ids and, per thread, when each stack began and ended;
+# `py-spy dump` costs a process start per snapshot (about 15 ms here), too slow for 100 Hz. So
+# the sampler runs successive recordings of `WINDOW_S` each, per process (`--subprocesses`
+# would mix the processes' threads in one file): each yields, per thread, how many samples each
+# stack got in that window, and when. A recording takes about 0.2 s to attach before
+# it samples, so windows are about that far apart (a window's start and end say what it covers),
+# and requests that span the gap are not reconstructed. Idle threads are kept (`--idle`): without it every wait is
 # dropped. The target is never paused (`--nonblocking`).
 
 #: Length of one recording, in whole seconds (py-spy's `--duration` takes no fraction).
@@ -327,51 +328,106 @@ class StackCount:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """What one recording of one process saw: `counts` over [start_ns, end_ns) at `rate` Hz."""
+    """What one recording of one process saw: `counts` over [start_ns, end_ns) at `rate` Hz.
+
+    `spans` holds, per thread, what it did in time order: (start, end, index into `counts`),
+    nanoseconds from the recording's first sample (about `start_ns`), one per stretch of
+    samples of one stack — what tells one request from the next on a worker thread
+    (`latprof.attach.reconstruct`)."""
 
     pid: int
     start_ns: int
     end_ns: int
     rate: int
     counts: list[StackCount]
+    spans: Mapping[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
 
 
-def parse_raw(text: str) -> list[StackCount]:
-    """py-spy's `-f raw -t` output: `thread (TID)[: NAME];root frame;...;leaf frame COUNT` per line."""
-    counts = []
-    for line in text.splitlines():
-        line = line.rstrip()
-        head, _, count = line.rpartition(" ")
-        if not head.startswith("thread (") or not count.isdigit():
-            continue
-        thread, _, stack = head.partition(";")
-        close = thread.find(")")
+#: Where py-spy's short file names start in an absolute one: a library's path below its
+#: site-packages, a standard-library module's below its folder.
+_SHORT_FROM = re.compile(r"^.*/(?:site-packages|dist-packages|lib/python\d+(?:\.\d+)?)/")
+#: The frame `--threads` puts at the root of every stack: "thread (TID): NAME" (no file).
+_THREAD = re.compile(r"^thread \((\d+)\)(?::\s*(.*))?$")
+
+
+def short_filename(path: str) -> str:
+    """A frame's file as py-spy's `short_filename` names a library's (`sqlalchemy/pool/impl.py`,
+    `threading.py`); the service's own files keep their absolute path."""
+    return _SHORT_FROM.sub("", path)
+
+
+def parse_chrometrace(text: str, rate: int) -> tuple[list[StackCount], dict[int, tuple[tuple[int, int, int], ...]]]:
+    """py-spy's `--format chrometrace --threads` output: per thread, a begin (`B`) event when a
+    sample shows a frame the previous one did not and an end (`E`) event when a frame is gone,
+    stamped with the sample's time (µs since the recording began), and every frame ended at
+    the end. Frames are told apart by function and file (not line), as py-spy does there.
+
+    Returns each thread's count per stack (its time in that stack at `rate` Hz, at least one
+    sample; file names shortened as py-spy's raw format does) and each thread's spans in order:
+    (start ns, end ns, index into those counts)."""
+    try:
+        events = json.loads(text)
+    except ValueError:
+        return [], {}
+    if isinstance(events, dict):
+        events = events.get("traceEvents")
+    if not isinstance(events, list):
+        return [], {}
+    stacks: dict[Any, list[Frame]] = {}  # py-spy's thread key -> frames now, outermost first
+    pending: dict[Any, int] = {}  # thread key -> time of the events being applied
+    changes: dict[Any, list[tuple[int, tuple[Frame, ...]]]] = {}
+    for e in events:
         try:
-            tid = int(thread[len("thread ("):close])
-        except ValueError:
+            key, ts, name = e["tid"], int(e["ts"]), str(e["name"])
+            file = str((e.get("args") or {}).get("filename") or "")
+            begin = e["ph"] == "B"
+        except (KeyError, TypeError, ValueError, AttributeError):
             continue
-        name = thread[close + 1 :].lstrip(":").strip()
-        frames = []
-        for text_frame in reversed(stack.split(";")) if stack else ():
-            func, _, where = text_frame.rpartition(" (")
-            if not _:
-                func, where = text_frame, ""
-            frames.append(Frame(func, where.rstrip(")").rsplit(":", 1)[0]))
-        counts.append(StackCount(tid, name, tuple(frames), int(count)))
-    return counts
+        stack = stacks.setdefault(key, [])
+        if key in pending and ts != pending[key]:
+            changes.setdefault(key, []).append((pending[key], tuple(stack)))
+        pending[key] = ts
+        if begin:
+            stack.append(Frame(name, file))
+        elif stack:
+            stack.pop()
+    for key, ts in pending.items():
+        changes.setdefault(key, []).append((ts, tuple(stacks[key])))
+    keys: dict[tuple[int, str, tuple[Frame, ...]], int] = {}
+    time_us: list[int] = []
+    spans: dict[int, tuple[tuple[int, int, int], ...]] = {}
+    for seen in changes.values():
+        mine: list[tuple[int, int, int]] = []
+        tid = None
+        for (ts, now), (next_ts, _) in zip(seen, seen[1:]):
+            head = _THREAD.match(now[0].name) if now and not now[0].file else None
+            if head is None or next_ts <= ts:
+                continue
+            tid, name = int(head.group(1)), head.group(2) or ""
+            frames = tuple(Frame(f.name, short_filename(f.file)) for f in reversed(now[1:]))
+            index = keys.setdefault((tid, name, frames), len(time_us))
+            if index == len(time_us):
+                time_us.append(0)
+            time_us[index] += next_ts - ts
+            mine.append((ts * 1000, next_ts * 1000, index))
+        if tid is not None and mine:
+            spans[tid] = tuple(mine)
+    counts = [StackCount(tid, name, frames, max(1, round(time_us[i] * rate / 1e6))) for (tid, name, frames), i in keys.items()]
+    return counts, spans
 
 
 def record_window(pid: int, *, seconds: int = WINDOW_S, rate: int = 100, out_dir: str | None = None) -> Window:
-    """One recording of `pid` for `seconds` (whole, blocking); its per-thread stack counts."""
+    """One recording of `pid` for `seconds` (whole, blocking): its per-thread stack counts and
+    each thread's samples in order."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="latprof-spy-", dir=out_dir) as tmp:
-        out = os.path.join(tmp, "raw.txt")
+        out = os.path.join(tmp, "chrometrace.json")
         started = time_ns()
         try:
             proc = subprocess.run(
                 [py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(rate),
-                 "--format", "raw", "--threads", "--idle", "--nonblocking", "--output", out],
+                 "--format", "chrometrace", "--threads", "--idle", "--nonblocking", "--output", out],
                 capture_output=True, text=True, timeout=seconds + DUMP_TIMEOUT_S,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
@@ -381,14 +437,15 @@ def record_window(pid: int, *, seconds: int = WINDOW_S, rate: int = 100, out_dir
             raise SamplerError(_explain(pid, proc.stderr or proc.stdout))
         try:
             with open(out) as f:
-                counts = parse_raw(f.read())
+                counts, spans = parse_chrometrace(f.read(), rate)
         except OSError:
-            counts = []
+            counts, spans = [], {}
     mapping = host_tids(pid)
     if mapping:  # a container's thread ids, as ours
         counts = [StackCount(mapping.get(c.tid, c.tid), c.thread, c.frames, c.count) for c in counts]
+        spans = {mapping.get(tid, tid): mine for tid, mine in spans.items()}
     # the samples were taken over the last `seconds` of the call (attaching came first)
-    return Window(pid, max(started, ended - int(seconds * 1e9)), ended, rate, counts)
+    return Window(pid, max(started, ended - int(seconds * 1e9)), ended, rate, counts, spans)
 
 
 class WaitChannels:

@@ -32,11 +32,14 @@ Sampling from outside sees no requests, so:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from latprof.analysis.inference import Inference
+from latprof.analysis.inference import INFERRED_CONFIDENCE, Inference
+from latprof.analysis.requests import Analysis, analyze
+from latprof.attach.reconstruct import GAUGE_CUT, INFERRED_FROM_SAMPLES, RECONSTRUCTED, SERVING_FRAMES, THREAD_ID
 from latprof.engine import Finding, Rule, run_rules
 from latprof.events import StackSample
 from latprof.attach.wire import (
@@ -70,15 +73,6 @@ MIN_VERDICT_SHARE = 0.2
 #: Workers whose first window begins within this many seconds of the first sample were there from the start.
 STARTUP_S = 2
 
-#: Frames of a thread that serves a request (file suffix, function): the server's workers.
-SERVING_FRAMES = (
-    ("gunicorn/workers/sync.py", "handle_request"),
-    ("gunicorn/workers/gthread.py", "handle_request"),
-    ("anyio/_backends/_asyncio.py", "run"),  # WorkerThread.run: FastAPI/Starlette sync endpoints
-    ("uvicorn/protocols/http/h11_impl.py", "run_asgi"),
-    ("uvicorn/protocols/http/httptools_impl.py", "run_asgi"),
-    ("waitress/channel.py", "service"),
-)
 #: A frame of a thread pool's task: a helper thread, when not also a server's worker.
 TASK_FRAME = ("concurrent/futures/thread.py", "run")  # _WorkItem.run
 #: Idle signatures of request workers (other idle threads are housekeeping); a thread pool's idle
@@ -116,6 +110,11 @@ class AttachAnalysis:
     backends: Backends | None = None
     #: what held the loop: the classification of its busy samples (layer, or signature when none)
     held_by: Counter[str] = field(default_factory=Counter)
+    #: the requests reconstructed from worker threads' samples in order (`latprof.attach.reconstruct`),
+    #: analysed as requests are; None when there were none to analyse
+    requests: Analysis | None = None
+    #: how they were made, for the report (`collection.reconstructed`)
+    reconstructed: dict[str, Any] | None = None
 
     @property
     def asyncio(self) -> bool:
@@ -288,7 +287,100 @@ def analyze_attach(timeline: Timeline) -> AttachAnalysis:
         (idle_share is not None and idle_share < MAX_IDLE_SHARE and sum(busy.values()) > 0)
         or aa.backlog_seconds_share >= MIN_BACKLOG_SECONDS_SHARE
     )
+    _reconstructed(aa, {key: _idle_share(by_thread[key]) for key in workers - loops})
     return aa
+
+
+#: A worker thread seen idle less than this share of its samples may have served requests back
+#: to back, which its samples cannot tell apart: its reconstructed requests are left out.
+MIN_THREAD_IDLE_SHARE = 0.05
+
+
+def _idle_share(seen: list[tuple[StackSample, Classification]]) -> float:
+    idle = sum(s.weight for s, c in seen if c.state == IDLE and c.signature in WORKER_IDLE)
+    total = sum(s.weight for s, c in seen if c.state == BUSY or c.signature in WORKER_IDLE)
+    return idle / total if total else 0.0
+
+
+#: The slowest reconstructed requests must spend their time differently from the median ones by
+#: at least this much (total variation distance between the two cohorts' layer mixes) for their
+#: tail to be believed: two requests a thread served back to back, with no sample between them,
+#: are one run, twice as long as either and with the same mix as the median's.
+MIN_TAIL_MIX_DISTANCE = 0.3
+
+
+def _mix(breakdowns: Sequence[dict[str, float]], idx: Iterable[int]) -> dict[str, float]:
+    totals: Counter[str] = Counter()
+    for i in idx:
+        totals.update(breakdowns[i])
+    whole = sum(totals.values())
+    return {layer: ms / whole for layer, ms in totals.items()} if whole > 0 else {}
+
+
+def _reconstructed(aa: AttachAnalysis, idle_by_thread: dict[tuple[int, int], float]) -> None:
+    """Analyse the requests reconstructed from the threaded workers' samples, as requests are
+    (no warm-up: the service ran before the attach); those of a thread never seen idle are left
+    out. Their tail is believed (`aa.requests` set, for the rules and the verdict) only when its
+    layer mix differs from the median's (`MIN_TAIL_MIX_DISTANCE`)."""
+    made = [rt for rt in aa.timeline.requests if RECONSTRUCTED in rt.request.attrs]
+    if not made:
+        return
+    kept, left_out = [], set()
+    for rt in made:
+        key = (rt.request.pid, int(rt.request.attrs.get(THREAD_ID, 0)))
+        if idle_by_thread.get(key, 0.0) >= MIN_THREAD_IDLE_SHARE:
+            kept.append(rt)
+        else:
+            left_out.add(key)
+    rates = sorted(float(rt.request.attrs[RECONSTRUCTED]) for rt in made)
+    cut = sum(int(g.value) for g in aa.timeline.gauges.get(GAUGE_CUT, ()))
+    evidence: dict[str, Any] = {
+        "requests": len(kept),
+        "rate_hz": rates[len(rates) // 2],
+        "cut_by_a_recording": cut,
+        "threads_left_out": len(left_out),
+        "from": INFERRED_FROM_SAMPLES,
+    }
+    aa.reconstructed = evidence
+    if not kept:
+        return
+    sub = Timeline(aa.timeline.source_kind, aa.timeline.inputs, kept, headers=aa.timeline.headers)
+    analysis = analyze(sub, warmup_s=0.0)
+    evidence["layers"] = {k: round(v, 4) for k, v in sorted(_mix(analysis.breakdowns, range(len(kept))).items(), key=lambda kv: -kv[1])}
+    if analysis.latency is not None:
+        lat = analysis.latency
+        evidence["latency_ms"] = {"p50": round(lat.p50_ms, 3), "p90": round(lat.p90_ms, 3), "p99": round(lat.p99_ms, 3),
+                                  "max": round(lat.max_ms, 3)}  # fmt: skip
+    if not analysis.has_tail:
+        evidence["tail"] = "none"
+        aa.requests = analysis
+        return
+    tail, median = _mix(analysis.breakdowns, analysis.groups.tail), _mix(analysis.breakdowns, analysis.groups.median)
+    distance = 0.5 * sum(abs(tail.get(k, 0.0) - median.get(k, 0.0)) for k in set(tail) | set(median))
+    evidence["tail_mix_distance"] = round(distance, 3)
+    if distance < MIN_TAIL_MIX_DISTANCE:
+        evidence["tail"] = "like the median (perhaps requests served back to back): not judged"
+        return
+    evidence["tail"] = "judged"
+    aa.requests = analysis
+
+
+def judge(aa: AttachAnalysis, rules: Sequence[Rule]) -> list[Finding]:
+    """The rules on an attach capture: on its samples, then on the requests reconstructed from
+    them (`judge_samples`, then `check`); a request rule's finding is kept when no sample rule
+    of the same id found one, marked inferred and believed `INFERRED_CONFIDENCE` as much."""
+    found = run_rules(aa, rules)
+    if aa.requests is None or aa.reconstructed is None:
+        return found
+    seen = {f.rule for f in found}
+    inference = Inference(INFERRED_FROM_SAMPLES, {"sampled_at_hz": aa.reconstructed["rate_hz"]})
+    for f in run_rules(aa.requests, rules):
+        if f.rule in seen or f.crashed:
+            continue
+        found.append(dataclasses.replace(f, confidence=round(f.confidence * INFERRED_CONFIDENCE, 3),
+                                         evidence={**f.evidence, **inference.evidence()}))  # fmt: skip
+    found.sort(key=lambda f: (-f.impact_ms, f.rule, f.fingerprint))
+    return found
 
 
 def fix_of(rule: Rule) -> str:
@@ -563,6 +655,8 @@ def build_attach_report(aa: AttachAnalysis, findings: Sequence[Finding]) -> Repo
         extra["census"] = aa.wire.evidence()
     if aa.backends is not None:
         extra["db_backends"] = aa.backends.evidence()
+    if aa.reconstructed is not None:
+        extra["reconstructed"] = aa.reconstructed
 
     def second_extra(row: dict[str, Any]) -> dict[str, Any]:
         more = {"workers": aa.workers, "busy_workers": row["busy_workers"], "top_layer": row["top_layer"],
@@ -608,4 +702,4 @@ def diagnose_attach(timeline: Timeline, rules: Sequence[Rule] | None = None) -> 
     from latprof.pipeline import default_rules
 
     aa = analyze_attach(timeline)
-    return build_attach_report(aa, run_rules(aa, default_rules() if rules is None else rules))
+    return build_attach_report(aa, judge(aa, default_rules() if rules is None else rules))

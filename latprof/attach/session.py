@@ -19,6 +19,8 @@ Three collectors run side by side for `--duration` seconds, all into one capture
 
 from __future__ import annotations
 
+import bisect
+from collections import Counter
 import os
 import threading
 import time
@@ -30,6 +32,7 @@ from latprof.collectors.attach import pg_activity, procfs, pyspy, sockdiag
 from latprof.errors import InputError
 from latprof.events import Frame as EventFrame
 from latprof.events import Gauge, QualityRecord, StackSample
+from latprof.attach.reconstruct import reconstruct
 from latprof.attach.wire import DB_PORTS
 from latprof.semconv import NOTE_OVERHEAD, NOTE_WARNING
 from latprof.collectors.attach.stacks import BUSY, Classification, classify_sample, event_loop_thread, loop_waiting, match, share_out
@@ -107,6 +110,7 @@ class AttachSession:
         self.channels = pyspy.WaitChannels(hz=min(rate, 100))
         self.sampler = pyspy.Sampler(pid, self._window, rate=rate, subprocesses=subprocesses)
         self.loops = LoopWatch(self.channels)
+        self._reconstruct_failed = False  # said once in the capture
 
     def stop(self) -> None:
         """End early (Ctrl-C): what was sampled so far is kept."""
@@ -170,6 +174,18 @@ class AttachSession:
                 busy[c.layer] = busy.get(c.layer, 0) + e.weight
         for e in events:
             self.writer.emit(e)
+        try:
+            requests, cut = reconstruct(window, self._wchan_in(window))
+        except Exception as exc:  # the samples are written; only the requests made from them are lost
+            requests, cut = [], None
+            if not self._reconstruct_failed:
+                self._reconstruct_failed = True
+                self.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), window.pid,
+                                               f"requests not reconstructed from samples: {type(exc).__name__}: {exc}"))  # fmt: skip
+        for r in requests:
+            self.writer.emit(r)
+        if cut is not None:
+            self.writer.emit(cut)
         for g in self.loops.window(window, classified):
             self.writer.emit(g)
         with self._lock:
@@ -182,6 +198,25 @@ class AttachSession:
         if self.on_progress is not None:
             self.on_progress(stats)
         return any(c.state == BUSY for _, c in classified)
+
+    def _wchan_in(self, window: Any) -> Callable[[int, int, int], str | None]:
+        """The wait channel a thread of `window`'s process was most seen in over a time range
+        (the reading nearest its start when none fell in it; None: none read)."""
+        readings: dict[int, tuple[list[int], list[str]]] = {}
+
+        def most(tid: int, start_ns: int, end_ns: int) -> str | None:
+            if tid not in readings:
+                seen = self.channels.readings(window.pid, tid, window.start_ns - 100_000_000, window.end_ns)
+                readings[tid] = ([t for t, _ in seen], [w for _, w in seen])
+            times, values = readings[tid]
+            if not times:
+                return None
+            lo, hi = bisect.bisect_left(times, start_ns), bisect.bisect_left(times, end_ns)
+            if lo < hi:
+                return Counter(values[lo:hi]).most_common(1)[0][0]
+            return values[min(lo, len(times) - 1)]
+
+        return most
 
     # -- /proc ----------------------------------------------------------------------------------
 

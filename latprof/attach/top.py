@@ -70,7 +70,8 @@ def attribute(sample: StackSample, classification: Classification) -> tuple[str,
         what = classification.signature
     else:
         inner = sample.frames[0]
-        what = f"{inner.function} ({inner.filename})" if inner.filename else inner.function
+        file = inner.filename.rsplit("/", 1)[-1] if inner.filename.startswith("/") else inner.filename  # a narrow column
+        what = f"{inner.function} ({file})" if file else inner.function
     layer = classification.layer or UNATTRIBUTED
     if event_loop_thread(sample.frames):
         return EVENT_LOOP, f"{layer}: {what}"

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from latprof.analysis.inference import Inference
+from latprof.analysis.inference import INFERRED_CONFIDENCE, Inference
 from latprof.analysis.requests import MIN_REQUESTS_FOR_VERDICT, TAIL_RATIO, Analysis
 from latprof.engine import Finding, fmt_ms
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, QUEUE, UNATTRIBUTED
@@ -263,10 +263,12 @@ def _of_samples(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
     if waiting[0] >= attach.MIN_VERDICT_SHARE:  # workers queue for a pool or a lock: that resource is saturated
         layer = waiting[1]
     elif not aa.saturated:
-        return Verdict(None, None, None, 1.0 if ranked else 0.0,
-                       f"Not saturated: workers were idle {aa.idle_share or 0:.0%} of the time and no backlog stood; "
-                       + (f"busy time went to {where}." if where else "no worker was seen busy (no load?)."),
-                       NOT_SATURATED)  # fmt: skip
+        summary = (f"Not saturated: workers were idle {aa.idle_share or 0:.0%} of the time and no backlog stood; "
+                   + (f"busy time went to {where}." if where else "no worker was seen busy (no load?)."))  # fmt: skip
+        tail, said = _of_reconstructed(aa, findings)
+        if tail is not None:
+            return tail
+        return Verdict(None, None, None, 1.0 if ranked else 0.0, f"{summary}{said}", NOT_SATURATED)
     elif aa.backlog_seconds_share >= attach.MIN_BACKLOG_SECONDS_SHARE and aa.share(QUEUE) >= attach.MIN_VERDICT_SHARE:
         layer = QUEUE  # a backlog that holds a real share of request time; a brief one behind busy CPUs is not the cause
     elif attach.busy_share(aa, APP) >= 0.5:
@@ -290,3 +292,28 @@ def _of_samples(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
         summary += f"; requests also queued in the accept backlog meanwhile ({aa.share(QUEUE):.0%}), behind the workers it held"
     confidence = attach.busy_share(aa, layer) if layer in (*attach.WAITING, APP) else aa.share(layer)
     return _named(layer, round(aa.share(layer), 4), confidence, summary + ".", findings)
+
+
+def _of_reconstructed(aa: AttachAnalysis, findings: Sequence[Finding]) -> tuple[Verdict | None, str]:
+    """A service that is not saturated may still have a tail: the requests reconstructed from its
+    threaded workers' samples (`latprof.attach.reconstruct`) are judged as requests are. A layer
+    that owns their tail is the verdict, inferred (believed `INFERRED_CONFIDENCE` as much) and
+    said to be; otherwise (None, what they showed, to add to the summary)."""
+    made = aa.reconstructed
+    if made is None or not made.get("requests"):
+        return None, ""
+    how = f"{made['requests']} requests reconstructed from the worker threads' samples at {made['rate_hz']:g} Hz"
+    if aa.requests is None:
+        return None, (f" The {how} have a tail whose time went where the median request's did: two requests a"
+                      " thread served back to back with no sample between them look like one slow one, so it is not"
+                      " judged.")  # fmt: skip
+    told = _of_requests(aa.requests, findings)
+    if told.status == "layer" and told.layer not in (None, UNATTRIBUTED):
+        summary = (f"Not saturated, but the {how} have a tail (the time before a thread picked a request up is not"
+                   f" in them): {told.summary}")  # fmt: skip
+        if "inferred" not in summary:
+            summary = f"{summary.rstrip('.')} (inferred from {made['from']})."
+        # the rule's finding was believed less already; a verdict with none is, here
+        confidence = round(min(told.confidence, INFERRED_CONFIDENCE * (told.share_of_tail_excess or 0.0)), 3)
+        return Verdict(told.layer, told.rule, told.share_of_tail_excess, confidence, summary, "layer"), ""
+    return None, f" The {how}: {told.summary[0].lower()}{told.summary[1:]}"

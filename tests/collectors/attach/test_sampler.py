@@ -34,6 +34,11 @@ def test_a_window_of_a_parked_thread_is_all_its_layer(scenario, layer):
     samples = sum(c.count for c in mine)
     assert 60 <= samples <= 110, window.counts  # 100 Hz over a second, give or take the machine
     assert all(c.thread == "target" for c in mine)
+    # when, in the recording, the target was in each of its stacks: back to back, over the whole second
+    spans = window.spans[tid]
+    assert {window.counts[i].tid for _, _, i in spans} == {tid}
+    assert all(end == start for (_, end, _), (start, _, _) in zip(spans, spans[1:]))
+    assert 0.6e9 <= spans[-1][1] - spans[0][0] <= 1.1e9, spans
     wchans = channels.between(proc.pid, window.start_ns, window.end_ns).get(tid)
     assert wchans, "no wait channel readings of the target in the window"
     by_layer: dict[object, int] = {}
@@ -43,19 +48,6 @@ def test_a_window_of_a_parked_thread_is_all_its_layer(scenario, layer):
     assert sum(by_layer.values()) == samples
     assert by_layer.get(layer, 0) >= 0.9 * samples, by_layer
     assert 0.5e9 <= window.end_ns - window.start_ns <= 1.05e9  # the recording, without py-spy attaching first
-
-
-def test_raw_lines_with_and_without_a_thread_name():
-    text = (
-        "thread (4242): worker;Thread._bootstrap (threading.py:1002);QueuePool._do_get (sqlalchemy/pool/impl.py:177);"
-        "Condition.wait (threading.py:320) 7\n"
-        "thread (4241);<module> (app.py:4) 3\n"
-        "garbage line\n"
-    )
-    a, b = pyspy.parse_raw(text)
-    assert (a.tid, a.thread, a.count) == (4242, "worker", 7)
-    assert a.frames[0] == Frame("Condition.wait", "threading.py") and a.frames[-1] == Frame("Thread._bootstrap", "threading.py")
-    assert (b.tid, b.thread, b.count, b.frames) == (4241, "", 3, (Frame("<module>", "app.py"),))
 
 
 def test_samples_without_a_signature_are_shared_out_over_the_wait_channels():
