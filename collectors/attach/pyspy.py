@@ -24,6 +24,8 @@ from pathlib import Path
 from time import sleep, time_ns
 from typing import Any, Mapping
 
+import orjson
+
 from latprof.collectors.attach.stacks import GIL_MARK, Frame, frames_from_pyspy
 
 #: How long one `py-spy dump` may take before it is given up.
@@ -356,7 +358,7 @@ def short_filename(path: str) -> str:
     return _SHORT_FROM.sub("", path)
 
 
-def parse_chrometrace(text: str, rate: int) -> tuple[list[StackCount], dict[int, tuple[tuple[int, int, int], ...]]]:
+def parse_chrometrace(text: str | bytes, rate: int) -> tuple[list[StackCount], dict[int, tuple[tuple[int, int, int], ...]]]:
     """py-spy's `--format chrometrace --threads` output: per thread, a begin (`B`) event when a
     sample shows a frame the previous one did not and an end (`E`) event when a frame is gone,
     stamped with the sample's time (µs since the recording began), and every frame ended at
@@ -366,29 +368,38 @@ def parse_chrometrace(text: str, rate: int) -> tuple[list[StackCount], dict[int,
     sample; file names shortened as py-spy's raw format does) and each thread's spans in order:
     (start ns, end ns, index into those counts)."""
     try:
-        events = json.loads(text)
-    except ValueError:
+        events = orjson.loads(text)
+    except orjson.JSONDecodeError:
         return [], {}
     if isinstance(events, dict):
         events = events.get("traceEvents")
     if not isinstance(events, list):
         return [], {}
+    interned: dict[tuple[Any, Any], Frame] = {}
     stacks: dict[Any, list[Frame]] = {}  # py-spy's thread key -> frames now, outermost first
     pending: dict[Any, int] = {}  # thread key -> time of the events being applied
     changes: dict[Any, list[tuple[int, tuple[Frame, ...]]]] = {}
     for e in events:
         try:
-            key, ts, name = e["tid"], int(e["ts"]), str(e["name"])
-            file = str((e.get("args") or {}).get("filename") or "")
-            begin = e["ph"] == "B"
-        except (KeyError, TypeError, ValueError, AttributeError):
+            key, ts, name, ph = e["tid"], e["ts"], e["name"], e["ph"]
+            args = e.get("args")
+            file = args.get("filename") if args else ""
+        except (KeyError, TypeError, AttributeError):
             continue
-        stack = stacks.setdefault(key, [])
-        if key in pending and ts != pending[key]:
-            changes.setdefault(key, []).append((pending[key], tuple(stack)))
+        if not isinstance(ts, int):
+            continue
+        stack = stacks.get(key)
+        if stack is None:
+            stack = stacks[key] = []
+        before = pending.get(key)
+        if before is not None and ts != before:
+            changes.setdefault(key, []).append((before, tuple(stack)))
         pending[key] = ts
-        if begin:
-            stack.append(Frame(name, file))
+        if ph == "B":
+            frame = interned.get((name, file))
+            if frame is None:
+                frame = interned[(name, file)] = Frame(str(name), short_filename(str(file or "")))
+            stack.append(frame)
         elif stack:
             stack.pop()
     for key, ts in pending.items():
@@ -404,12 +415,16 @@ def parse_chrometrace(text: str, rate: int) -> tuple[list[StackCount], dict[int,
             if head is None or next_ts <= ts:
                 continue
             tid, name = int(head.group(1)), head.group(2) or ""
-            frames = tuple(Frame(f.name, short_filename(f.file)) for f in reversed(now[1:]))
-            index = keys.setdefault((tid, name, frames), len(time_us))
-            if index == len(time_us):
+            stack_key = (tid, name, now[:0:-1])  # innermost first, without the thread's own frame
+            index = keys.get(stack_key)
+            if index is None:
+                index = keys[stack_key] = len(time_us)
                 time_us.append(0)
             time_us[index] += next_ts - ts
-            mine.append((ts * 1000, next_ts * 1000, index))
+            if mine and mine[-1][2] == index and mine[-1][1] == ts * 1000:  # a change undone at once: one span
+                mine[-1] = (mine[-1][0], next_ts * 1000, index)
+            else:
+                mine.append((ts * 1000, next_ts * 1000, index))
         if tid is not None and mine:
             spans[tid] = tuple(mine)
     counts = [StackCount(tid, name, frames, max(1, round(time_us[i] * rate / 1e6))) for (tid, name, frames), i in keys.items()]
@@ -436,7 +451,7 @@ def record_window(pid: int, *, seconds: int = WINDOW_S, rate: int = 100, out_dir
         if proc.returncode != 0 and not os.path.exists(out):
             raise SamplerError(_explain(pid, proc.stderr or proc.stdout))
         try:
-            with open(out) as f:
+            with open(out, "rb") as f:
                 counts, spans = parse_chrometrace(f.read(), rate)
         except OSError:
             counts, spans = [], {}
@@ -444,8 +459,10 @@ def record_window(pid: int, *, seconds: int = WINDOW_S, rate: int = 100, out_dir
     if mapping:  # a container's thread ids, as ours
         counts = [StackCount(mapping.get(c.tid, c.tid), c.thread, c.frames, c.count) for c in counts]
         spans = {mapping.get(tid, tid): mine for tid, mine in spans.items()}
-    # the samples were taken over the last `seconds` of the call (attaching came first)
-    return Window(pid, max(started, ended - int(seconds * 1e9)), ended, rate, counts, spans)
+    # the samples were taken over the end of the call (attaching came first): as long as the
+    # spans say (py-spy's `--duration 1` runs a little over a second), else `seconds`
+    length = max((mine[-1][1] for mine in spans.values()), default=int(seconds * 1e9))
+    return Window(pid, max(started, ended - length), ended, rate, counts, spans)
 
 
 class WaitChannels:
