@@ -42,3 +42,16 @@ def test_analyze_benchmarks_run(tmp_path):
     assert "median round" in out
     out = bench(tmp_path, "bench_otlp", "--spans", "5000", "--rounds", "1", "--file", str(tmp_path / "spans.json"))
     assert "ratio" in out
+
+
+@pytest.mark.slow
+def test_the_scoreboard_scores_a_run_and_writes_it_between_its_markers(tmp_path):
+    """`benchmarks/accuracy.py` on one demo scenario for a few seconds: the healthy service, attached to."""
+    page = tmp_path / "accuracy.md"
+    page.write_text("before\n<!-- scoreboard:begin -->\nold\n<!-- scoreboard:end -->\nafter\n")
+    out = bench(tmp_path, "accuracy", "--modes", "attach", "--scenarios", "healthy", "--seconds", "4", "--write", str(page))
+    assert "| healthy | none (no tail) | not saturated: right |" in out, out
+    assert "- **attach**: right 1 of 1, honest 0, wrong 0, confidently wrong 0" in out
+    text = page.read_text()
+    assert text.startswith("before\n<!-- scoreboard:begin -->\nMeasured ") and text.endswith("<!-- scoreboard:end -->\nafter\n")
+    assert "old" not in text and "| healthy |" in text

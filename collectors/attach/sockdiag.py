@@ -22,6 +22,10 @@ with `setns`). `census` counts the target's sockets at that moment:
   *unread*: bytes sit in the receive queue the process has not read (the answer waits for the
   process, not for the endpoint).
 
+`Exchanges` follows each outbound connection from one census to the next: when it sent a
+request and when data of the answer arrived, so that each exchange splits into the wait for
+the first byte of its answer's stream (an LLM's time to first token) and the stream (decoding).
+
 What the wire cannot tell:
 
 - A pool keeps all its connections established, busy or not: `established` equal to a pool's
@@ -279,6 +283,128 @@ def _awaits_reply(s: TcpSocket) -> bool:
     if s.last_data_sent_ms < s.last_data_recv_ms:
         return True
     return s.last_data_sent_ms == s.last_data_recv_ms and s.bytes_received == 0 and bool(s.bytes_sent)
+
+
+#: Data arriving at most this far apart is one stream (a model decoding token after token); a
+#: longer silence before the stream is waiting for its first token. The census reads every
+#: 100 ms, so a first token sooner than this after the response headers counts as decoding.
+STREAM_GAP_MS = 400
+#: Data that arrives this soon after the request is the response's head (status and headers,
+#: which a streaming server may send at once), not a token: no model answers that fast.
+HEAD_MS = 20
+#: At most this many outbound connections are followed at once (memory stays bounded).
+MAX_EXCHANGES = 4096
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """One outbound connection's current request and answer, in ns of the reader's clock."""
+
+    sent: int  # bytes sent so far (a new request sends more)
+    received: int  # bytes received so far
+    since_ns: int | None = None  # when its current request was sent; None: none seen yet
+    run_ns: int | None = None  # when the last stream of its answer began (data no further apart than STREAM_GAP_MS)
+    last_ns: int | None = None  # when data of its answer last arrived
+    arrivals: int = 0  # readings in which data of its answer arrived
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeTimes:
+    """Requests and answers on one remote endpoint's connections, ended since the last `take`:
+    seconds waiting for the first byte of a stream (the last stream of each answer: with
+    response headers sent at once, the silence after them is waited too), seconds of the stream
+    itself, how many exchanges ended and how many of them streamed (data in 3 readings or more)."""
+
+    first_byte_s: float = 0.0
+    stream_s: float = 0.0
+    exchanges: int = 0
+    streamed: int = 0
+
+
+class Exchanges:
+    """Follows each outbound connection of the target from census to census: when it sends a
+    request, when data of the answer arrives and how far apart; each exchange ends when the
+    connection sends its next request, goes away, or `close` is called, and is then split into
+    the wait for the first byte of its last stream (an LLM's time to first token) and that
+    stream (its decoding). Times come from the kernel's last-sent and last-received clocks (1-10
+    ms ticks) read every census; a stream's silences shorter than `STREAM_GAP_MS` are not seen."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, tuple[tuple[str, int], _Exchange]] = {}
+        self._ended: dict[tuple[str, int], list[float]] = {}
+        self._last_reading_ns: int | None = None
+
+    def update(self, sockets: list[TcpSocket], inodes: set[int], listening_ports: set[int], now_ns: int) -> None:
+        """One census reading: the target's outbound ESTABLISHED sockets (`inodes`) at `now_ns`."""
+        seen = set()
+        for s in sockets:
+            if (s.state != "ESTABLISHED" or s.inode == 0 or s.inode not in inodes or s.local[1] in listening_ports
+                    or s.bytes_sent is None or s.bytes_received is None or s.last_data_sent_ms is None
+                    or s.last_data_recv_ms is None):  # fmt: skip
+                continue
+            seen.add(s.inode)
+            known = self._open.get(s.inode)
+            if known is None:  # first seen: its last request (if any) began when it last sent
+                if len(self._open) >= MAX_EXCHANGES:
+                    continue
+                remote, x = s.remote, _Exchange(s.bytes_sent, -1)
+                if s.bytes_sent:
+                    x.since_ns = now_ns - s.last_data_sent_ms * 1_000_000
+                if s.last_data_recv_ms >= s.last_data_sent_ms:  # nothing received since it
+                    x.received = s.bytes_received
+                self._open[s.inode] = (remote, x)
+            else:
+                remote, x = known
+            if s.bytes_sent > x.sent:  # a new request: the last exchange ended
+                self._end(remote, x, x.last_ns)
+                x.since_ns, x.run_ns, x.last_ns, x.arrivals = now_ns - s.last_data_sent_ms * 1_000_000, None, None, 0
+                x.sent = s.bytes_sent
+                x.received = s.bytes_received if s.last_data_recv_ms >= s.last_data_sent_ms else x.received
+            if s.bytes_received > x.received:
+                self._arrived(x, now_ns - s.last_data_recv_ms * 1_000_000)
+                x.received = s.bytes_received
+        self._last_reading_ns = now_ns
+        for inode in [i for i in self._open if i not in seen]:  # closed: its exchange ended
+            remote, x = self._open.pop(inode)
+            self._end(remote, x, x.last_ns)
+
+    def _arrived(self, x: _Exchange, at: int) -> None:
+        """Data of `x`'s answer arrived since the last reading, the latest of it at `at`."""
+        if x.since_ns is None or at < x.since_ns:
+            return
+        if x.last_ns is None and at - x.since_ns < HEAD_MS * 1_000_000:
+            return  # the response's head, sent at once: no token yet
+        if x.last_ns is None or at - x.last_ns > STREAM_GAP_MS * 1_000_000:
+            # a stream begins: its first bytes came after the last reading (or the request, or
+            # the data before) and by `at`, the latest of them; halfway, on average
+            after = max(x.since_ns, self._last_reading_ns or x.since_ns, x.last_ns or x.since_ns)
+            x.run_ns = (min(after, at) + at) // 2
+        x.last_ns = at
+        x.arrivals += 1
+
+    def close(self, now_ns: int) -> None:
+        """End every exchange (the capture ends): one still waiting for its first byte waited until now."""
+        for remote, x in self._open.values():
+            self._end(remote, x, x.last_ns if x.last_ns is not None else now_ns)
+            x.since_ns = None
+        self._open.clear()
+
+    def take(self) -> dict[tuple[str, int], ExchangeTimes]:
+        """The exchanges ended since the last call, per remote endpoint."""
+        ended, self._ended = self._ended, {}
+        return {k: ExchangeTimes(v[0], v[1], int(v[2]), int(v[3])) for k, v in ended.items()}
+
+    def _end(self, remote: tuple[str, int], x: _Exchange, end_ns: int | None) -> None:
+        if x.since_ns is None or end_ns is None:
+            return
+        # the answer's last stream began halfway since the reading before its first bytes came: a
+        # stream no longer than a census interval and an answer sent whole look alike on the wire
+        start = end_ns if x.run_ns is None else x.run_ns
+        times = self._ended.setdefault(remote, [0.0, 0.0, 0.0, 0.0])
+        times[0] += max(0, start - x.since_ns) / 1e9
+        times[1] += max(0, end_ns - start) / 1e9
+        times[2] += 1
+        times[3] += x.arrivals >= 3
 
 
 def _state_mask(states: frozenset[str]) -> int:

@@ -235,6 +235,7 @@ class AttachSession:
                     next_second += 1.0
                     wire.flush(time.time_ns())
                     pids = self.sampler.processes() or pids
+            wire.flush_exchanges(time.time_ns(), last=True)
         except Exception as exc:  # the stacks and /proc go on without it; say so in the capture
             self.writer.emit(QualityRecord(NOTE_WARNING, time.time_ns(), self.pid, f"socket census stopped: {type(exc).__name__}: {exc}"))
 
@@ -452,6 +453,7 @@ class _Wire:
         self.failed = False
         self.pg_failed = False
         self.warned_restricted = False
+        self.exchanges = sockdiag.Exchanges()  # each outbound connection's requests and answers, in time
 
     def poll(self, pids: list[int], sockets: list[sockdiag.TcpSocket] | None = None) -> None:
         """One reading: `sockets`, the namespace's ESTABLISHED sockets just dumped (None: dump them here)."""
@@ -479,6 +481,7 @@ class _Wire:
                                                    f"socket census stopped: {type(exc).__name__}: {exc}"))  # fmt: skip
             return
         self.readings += 1
+        self.exchanges.update(sockets, inodes, self.ports, time.time_ns())
         if len(self.ages) < 10_000:
             self.ages += sockdiag.in_flight_ages_ms(sockets, inodes, self.ports)
         for port, inbound in census.inbound.items():
@@ -515,6 +518,22 @@ class _Wire:
             emit(Gauge("census.inbound.in_flight_age_ms", ages[len(ages) // 2], now, target, {"latprof.max_ms": ages[-1]}))
         self.sums, self.readings, self.ages = {}, 0, []
         self.inodes = None
+        self.flush_exchanges(now)
+
+    def flush_exchanges(self, now: int, *, last: bool = False) -> None:
+        """The exchanges with HTTP endpoints that ended since the last flush (with `last`: every
+        one, the capture ends), as totals per endpoint (`census.outbound.first_byte_s`,
+        `.stream_s`, `.exchanges`, `.streamed`)."""
+        if self.failed:
+            return
+        if last:
+            self.exchanges.close(now)
+        for where, times in sorted(self.exchanges.take().items()):
+            if where[1] in DB_PORTS:
+                continue
+            attrs = {"server.address": where[0], "server.port": where[1], "latprof.endpoint.kind": "http"}
+            for name in ("first_byte_s", "stream_s", "exchanges", "streamed"):
+                self.session.writer.emit(Gauge("census.outbound." + name, round(getattr(times, name), 4), now, self.session.pid, attrs))
 
     def _backends(self, now: int) -> None:
         pg = self.session.pg

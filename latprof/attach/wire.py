@@ -19,6 +19,12 @@ an awaited LLM stream) leaves no stack. Three signals in an attach capture still
   A pool keeps all its connections established whether they are busy or not, and a connection
   held across an LLM call is idle on the wire; so the census can conclude "requests wait
   beyond a stable ceiling of DB connections" (a pool, inferred), never "the pool is held".
+- **Exchanges** (`census.outbound.first_byte_s`, `.stream_s`, `.exchanges`, `.streamed`, totals
+  per HTTP endpoint: `sockdiag.Exchanges`): each request's wait for the first byte of its
+  answer's last stream, and that stream. The endpoint that is the LLM provider (an LLM client
+  in the process's stacks, and the only HTTP endpoint called or the only one that streamed) has
+  its time on the wire split into `provider` (to the first token) and `model` (decoding) as its
+  exchanges' was; any other endpoint's stays `tool`.
 - **Database backends** (`db.backend.state_age_ms`, `--db DSN`: `collectors/attach/pg_activity.py`):
   the target's own PostgreSQL backends (matched by client port) and their state. Connections
   that sit `idle` or `idle in transaction` for long stretches while requests wait for one are
@@ -33,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from latprof.layers import DB_POOL, DB_QUERY, EVENT_LOOP, HTTP_POOL, QUEUE, TOOL, UNATTRIBUTED
+from latprof.layers import DB_POOL, DB_QUERY, EVENT_LOOP, HTTP_POOL, MODEL, PROVIDER, QUEUE, TOOL, UNATTRIBUTED
 from latprof.analysis.timeline import Timeline
 
 #: Remote ports of database and cache servers (the rest are outbound HTTP: providers, tools).
@@ -124,6 +130,12 @@ class Endpoint:
     receiving: dict[int, float] = field(default_factory=dict)
     #: connections whose answer sits unread in the receive queue (the process is behind)
     unread: dict[int, float] = field(default_factory=dict)
+    #: its exchanges over the capture (`sockdiag.Exchanges`): seconds waiting for the first byte
+    #: of each answer's last stream, seconds of those streams, exchanges, of them streamed
+    first_byte_s: float = 0.0
+    stream_s: float = 0.0
+    exchanges: int = 0
+    streamed: int = 0
 
     @property
     def db(self) -> bool:
@@ -142,11 +154,21 @@ class Endpoint:
         def mean(d: dict[int, float]) -> float:
             return round(sum(d.get(s, 0.0) for s in seconds) / len(seconds), 2) if seconds else 0.0
 
-        return {
+        out = {
             "kind": self.kind, "established_mean": mean(self.established),
             "established_peak": max(self.established.values(), default=0.0),
             "pending_mean": mean(self.pending), "receiving_mean": mean(self.receiving), "unread_mean": mean(self.unread),
         }  # fmt: skip
+        if self.exchanges:
+            out |= {"exchanges": self.exchanges, "streamed": self.streamed, "first_byte_s": round(self.first_byte_s, 3),
+                    "stream_s": round(self.stream_s, 3)}  # fmt: skip
+        return out
+
+    @property
+    def first_byte_share(self) -> float | None:
+        """Of its exchanges' time, the share spent waiting for the first byte of the answer's stream."""
+        total = self.first_byte_s + self.stream_s
+        return self.first_byte_s / total if total > 0 else None
 
 
 @dataclass
@@ -172,6 +194,10 @@ class WireState:
     http_limited: str | None = None
     #: the median over the seconds of the median time the requests in flight had waited so far
     in_flight_age_ms: float | None = None
+    #: the LLM provider's endpoint ("address:port"), recognised as `llm_recognised_by` says: its
+    #: requests' time on the wire is `provider` until the first byte of the stream, `model` after
+    llm_endpoint: str | None = None
+    llm_recognised_by: str | None = None
 
     @property
     def saturated(self) -> bool:
@@ -216,7 +242,10 @@ class WireState:
             "db_connections_at_ceiling_share": round(self.db_ceiling_share, 3),
             "db_connections_active_share": round(self.db_active_share, 3),
             "endpoints": {k: e.summary(self.seconds) for k, e in sorted(self.endpoints.items())},
-        }
+            **({"llm_endpoint": self.llm_endpoint, "llm_recognised_by": self.llm_recognised_by,
+                "llm_first_byte_share": _rounded(self.endpoints[self.llm_endpoint].first_byte_share)}
+               if self.llm_endpoint else {}),
+        }  # fmt: skip
 
 
 def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
@@ -240,8 +269,19 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
             by_endpoint.setdefault(key, []).append(g)
         for key, found in by_endpoint.items():
             setattr(endpoints[key], attr, _per_second(found))
+    for name in ("first_byte_s", "stream_s", "exchanges", "streamed"):  # totals, not per-second means
+        for g in gauges.get("census.outbound." + name, ()):
+            key = f"{g.attrs.get('server.address')}:{int(g.attrs.get('server.port') or 0)}"
+            e = endpoints.get(key)
+            if e is None:
+                address, port = str(g.attrs.get("server.address")), int(g.attrs.get("server.port") or 0)
+                e = endpoints[key] = Endpoint(address, port, "http")
+            setattr(e, name, type(getattr(e, name))(getattr(e, name) + g.value))
     seconds = sorted(in_flight)
     wire = WireState(seconds, in_flight, backlog, endpoints)
+    wire.llm_endpoint, wire.llm_recognised_by = _llm_endpoint(timeline, endpoints)
+    llm = endpoints.get(wire.llm_endpoint) if wire.llm_endpoint else None
+    first_byte = llm.first_byte_share if llm is not None else None
     ages = sorted(g.value for g in gauges.get("census.inbound.in_flight_age_ms", ()))
     wire.in_flight_age_ms = ages[len(ages) // 2] if ages else None
     db = wire.db_endpoints()
@@ -272,7 +312,13 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
         waiting[s] = active - behind - outbound
         add(QUEUE, backlog.get(s, 0.0))
         add(DB_QUERY, at_db[s])
-        add(TOOL, outbound)
+        at_llm = 0.0
+        if llm is not None and first_byte is not None and elsewhere > 0:
+            # the provider's share of the time at outbound endpoints, split as its exchanges were
+            at_llm = outbound * max(0.0, llm.busy(s) - llm.unread.get(s, 0.0)) / elsewhere
+            add(PROVIDER, at_llm * first_byte)
+            add(MODEL, at_llm * (1 - first_byte))
+        add(TOOL, outbound - at_llm)
         add(EVENT_LOOP if loop is not None else UNATTRIBUTED, behind)
     wire.waiting_s = sum(waiting.values())
     if db and seconds:
@@ -293,6 +339,31 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
         add(behind_what, (1 - held) * waiting[s])
     wire.request_s = {k: v for k, v in request_s.items() if v > 0}
     return wire
+
+
+#: Top-level packages of LLM client libraries: a frame of one in the process's stacks says it calls an LLM.
+LLM_CLIENTS = ("openai/", "anthropic/", "litellm/", "google/genai/", "mistralai/", "cohere/")
+
+
+def _llm_endpoint(timeline: Timeline, endpoints: dict[str, Endpoint]) -> tuple[str | None, str | None]:
+    """The outbound endpoint that is the LLM provider, and what recognised it: the process's
+    stacks show an LLM client library, and one HTTP endpoint had exchanges (or, of several, only
+    one streamed its answers, as an LLM does). None when the wire cannot tell which it is."""
+    frames = {f.filename for sample in timeline.samples for f in sample.frames}
+    client = next((c.rstrip("/") for c in LLM_CLIENTS if any(f.startswith(c) or f"/{c}" in f for f in frames)), None)
+    if client is None:
+        return None, None
+    http = {k: e for k, e in endpoints.items() if not e.db and e.exchanges}
+    if len(http) == 1:
+        return next(iter(http)), f"{client} frames in the process's stacks; the only HTTP endpoint it called"
+    streaming = [k for k, e in http.items() if e.streamed >= max(1, e.exchanges // 2)]
+    if len(streaming) == 1:
+        return streaming[0], f"{client} frames in the process's stacks; the only HTTP endpoint that streamed its answers"
+    return None, None
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _http_limit(wire: WireState, endpoints: dict[str, Endpoint]) -> str | None:

@@ -202,3 +202,42 @@ def test_a_brief_backlog_behind_busy_cpus_leaves_the_verdict_to_the_cpu():
     findings = run_rules(standing, default_rules())
     verdict = decide_verdict(standing, findings)
     assert (verdict.layer, verdict.rule) == ("queue", "request-queueing"), (verdict, ids(findings))
+
+
+def _with_exchanges(timeline, *, llm_frames: bool, first_byte_s: float = 6.0, stream_s: float = 2.0):
+    """`timeline` plus what the census's exchange tracking wrote for its HTTP endpoint, and (with
+    `llm_frames`) a sample of the loop thread inside the openai client."""
+    from attach.sampled import ORIGIN_NS, PID
+
+    from latprof.events import Frame, Gauge, StackSample
+
+    endpoint = {"server.address": "127.0.0.1", "server.port": 8443, "latprof.endpoint.kind": "http"}
+    for name, value in (("first_byte_s", first_byte_s), ("stream_s", stream_s), ("exchanges", 40), ("streamed", 36)):
+        timeline.gauges["census.outbound." + name] = [Gauge("census.outbound." + name, value, ORIGIN_NS, PID, endpoint)]
+    if llm_frames:
+        frame = Frame("AsyncStream.__anext__", "/venv/lib/python3.12/site-packages/openai/_streaming.py")
+        loop = timeline.samples[0]
+        timeline.samples.append(StackSample(ORIGIN_NS, loop.pid, loop.tid, loop.thread_name, (frame, *loop.frames), True))
+    return timeline
+
+
+def test_time_at_the_llm_endpoint_splits_into_provider_and_model_as_its_exchanges_did():
+    """8 requests in flight, all at one HTTP endpoint whose answers streamed: with the openai
+    client in the stacks it is the provider, its time 75% before the first byte (provider), 25%
+    streaming (model); without, the wire cannot tell an LLM from a tool and says tool."""
+    from attach.sampled import LOOP_KINDS, sampled
+
+    from latprof.attach.analysis import analyze_attach
+    from latprof.layers import MODEL, PROVIDER, TOOL
+
+    free = {"free": 1.0}
+    assert set(LOOP_KINDS) >= set(free)
+    llm = analyze_attach(_with_exchanges(sampled(free, loop_busy_share=0.0, census=(8.0, 8.0)), llm_frames=True))
+    assert llm.wire is not None and llm.wire.llm_endpoint == "127.0.0.1:8443"
+    assert "openai" in (llm.wire.llm_recognised_by or "")
+    assert round(llm.share(PROVIDER), 2) == 0.75 and round(llm.share(MODEL), 2) == 0.25 and llm.share(TOOL) == 0
+    evidence = llm.wire.evidence()
+    assert evidence["llm_endpoint"] == "127.0.0.1:8443" and evidence["llm_first_byte_share"] == 0.75
+    tool = analyze_attach(_with_exchanges(sampled(free, loop_busy_share=0.0, census=(8.0, 8.0)), llm_frames=False))
+    assert tool.wire is not None and tool.wire.llm_endpoint is None
+    assert tool.share(TOOL) == 1.0 and tool.share(PROVIDER) == 0 == tool.share(MODEL)
