@@ -58,11 +58,6 @@ GAUGE_CUT = "requests.reconstructed.cut"
 INFERRED_FROM_SAMPLES = "runs of each worker thread's stack samples between two idle samples (requests reconstructed)"
 
 
-def serving(frames: Iterable[Any]) -> bool:
-    """Whether a stack is a server's worker serving a request."""
-    return has_frame(frames, SERVING_FRAMES)
-
-
 def _thread_serving(frames: Iterable[Any]) -> bool:
     return has_frame(frames, THREAD_SERVING_FRAMES)
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from latprof.analysis.inference import INFERRED_CONFIDENCE, Inference
 from latprof.analysis.requests import MIN_REQUESTS_FOR_VERDICT, TAIL_RATIO, Analysis
 from latprof.engine import Finding, fmt_ms
-from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, QUEUE, UNATTRIBUTED
+from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, PROVIDER, QUEUE, UNATTRIBUTED
 
 if TYPE_CHECKING:
     from latprof.attach.analysis import AttachAnalysis
@@ -308,6 +308,9 @@ def _of_reconstructed(aa: AttachAnalysis, findings: Sequence[Finding]) -> tuple[
                       " thread served back to back with no sample between them look like one slow one, so it is not"
                       " judged.")  # fmt: skip
     told = _of_requests(aa.requests, findings)
+    if told.status == "layer" and told.layer == PROVIDER:  # a stack in an LLM call is TTFT or decoding: either
+        return None, (f" The {how} have a tail in their LLM calls: waiting for the first token (provider) or"
+                      " decoding (model), which stack samples cannot tell apart; `latprof run` times each.")  # fmt: skip
     if told.status == "layer" and told.layer not in (None, UNATTRIBUTED):
         summary = (f"Not saturated, but the {how} have a tail (the time before a thread picked a request up is not"
                    f" in them): {told.summary}")  # fmt: skip

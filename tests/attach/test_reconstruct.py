@@ -150,3 +150,17 @@ def test_requests_of_a_thread_never_seen_idle_are_left_out() -> None:
     timeline.gauges[GAUGE_CUT] = timeline.gauges.get(GAUGE_CUT, []) + [Gauge(GAUGE_CUT, 0, ORIGIN_NS, 10)]
     aa = analyze_attach(timeline)
     assert aa.reconstructed is not None and aa.reconstructed["requests"] == 0 and aa.reconstructed["threads_left_out"] == 1
+
+
+def test_a_tail_in_llm_calls_names_no_layer_since_stacks_cannot_split_first_token_from_decoding() -> None:
+    """Most requests run a 60 ms statement; one in twenty streams an LLM answer for 400 ms. A
+    stack inside the stream is waiting for a token or decoding one: `provider` or `model`, and
+    naming either could be the wrong one."""
+    stream = (Frame("Stream.__iter__", "openai/_streaming.py"), *VIEW)
+    typical = [(IDLE, 30), (QUERY, 60)]
+    plan = [(HANDLE, 5), *typical * 10, (IDLE, 30), (stream, 400), *typical * 9, (IDLE, 30)]
+    aa = analyze_attach(_timeline(_seconds(plan, 12)))
+    assert aa.reconstructed is not None and aa.reconstructed["tail"] == "judged", aa.reconstructed
+    report = build_attach_report(aa, judge(aa, default_rules()))
+    assert report.verdict.layer is None and report.verdict.status == "not_saturated", report.verdict
+    assert "cannot tell apart" in report.verdict.summary and "latprof run" in report.verdict.summary
