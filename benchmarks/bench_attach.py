@@ -12,6 +12,12 @@ and its py-spy processes, all children counted) as a share of one core, and how 
 the end of `--duration` the report was printed (target <= 2 s). Targets: throughput and p50
 within 2%.
 
+`--interleave SLOT` (with `--shared`) runs one sampler for the whole benchmark and stops and
+continues it (SIGSTOP/SIGCONT to latprof and its py-spy processes) every SLOT seconds while the
+client loads the service without a break: adjacent slots with and without sampling are
+compared pair by pair, so the drift of a noisy machine (minutes of other load) cancels out
+(`--rounds` pairs; throughput change: the median over pairs, with its interquartile range).
+
 `--shared` is the small real host instead: nothing pinned, one gthread worker per CPU, so
 the service, its client and the sampler share every core and the sampler's CPU is taken
 from the service (target: throughput within 5%). `--sampler py-spy` runs `py-spy record
@@ -64,6 +70,8 @@ def main() -> None:
                         help="what samples the service: latprof attach, or py-spy record alone (its floor)")
     parser.add_argument("--nice", type=int, default=0, help="run the sampler under nice -n N")
     parser.add_argument("--shared", action="store_true", help="pin nothing: one worker per CPU, all sharing every core")
+    parser.add_argument("--interleave", type=float, default=0.0, metavar="SLOT",
+                        help="one sampler, stopped and continued every SLOT seconds; compare adjacent slots")
     args = parser.parse_args()
 
     cpus = len(os.sched_getaffinity(0))
@@ -73,6 +81,12 @@ def main() -> None:
         os.sched_setaffinity(0, {client_cpu})
     env = {k: v for k, v in os.environ.items() if not k.startswith("LATPROF_")}
     server = bo.start_server("service", env, "", "", server_cpu, "gunicorn", workers=cpus if args.shared else 1)
+    if args.interleave:
+        try:
+            interleaved(server, args, cpus)
+        finally:
+            bo.stop(server)
+        return
     plain: list[dict[str, float]] = []
     attached: list[dict[str, float]] = []
     sampler_cpu: list[float] = []
@@ -124,6 +138,57 @@ def main() -> None:
     if args.sampler == "latprof":
         print(f"report printed {statistics.median(report_delay):.2f} s after the end of --duration (median; max"
               f" {max(report_delay):.2f} s; target <= 2 s)")
+
+
+def _signal_tree(proc: psutil.Process, sig: int) -> None:
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def interleaved(server: bo.Server, args: argparse.Namespace, cpus: int) -> None:
+    """`--interleave`: one sampler for the whole run, stopped and continued slot by slot."""
+    import signal
+
+    slot = args.interleave
+    duration = int(args.rounds * 2 * (slot + 0.5) + args.warmup + 10)
+    with tempfile.TemporaryDirectory(prefix="latprof-bench-") as tmp:
+        command = [sys.executable, "-m", "latprof", "attach", "--pid", str(server.proc.pid), "--duration", str(duration),
+                   "--rate", str(args.rate), "--format", "json", "--out", str(Path(tmp) / "attach.jsonl")]
+        if args.sampler == "py-spy":
+            command = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(server.proc.pid),
+                       "--subprocesses", "--duration", str(duration), "--rate", str(args.rate), "--idle", "--nonblocking",
+                       "--format", "raw", "--output", str(Path(tmp) / "py-spy.txt")]
+        sampler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=unpinned)
+        watcher = psutil.Process(sampler.pid)
+        time.sleep(3.0)  # attached and sampling
+        bo.load(server, 0.5, args.connections, args.warmup)
+        ratios, on_cpu = [], []
+        try:
+            for r in range(args.rounds):
+                results = {}
+                for sampling in ((True, False) if r % 2 == 0 else (False, True)):
+                    _signal_tree(watcher, signal.SIGCONT if sampling else signal.SIGSTOP)
+                    cpu0, t0 = tree_cpu_s(watcher), time.monotonic()
+                    results[sampling] = bo.load(server, slot, args.connections, 0.25)
+                    if sampling:
+                        on_cpu.append((tree_cpu_s(watcher) - cpu0) / (time.monotonic() - t0) * 100)
+                ratios.append(results[True]["rps"] / results[False]["rps"] - 1)
+                print(f"  pair {r + 1}: {ratios[-1]:+.1%} ({results[False]['rps']:.0f} -> {results[True]['rps']:.0f} req/s)",
+                      file=sys.stderr, flush=True)
+        finally:
+            _signal_tree(watcher, signal.SIGCONT)
+            sampler.terminate()
+            sampler.wait(60)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+    cpu = statistics.median(on_cpu)
+    print(f"python {sys.version.split()[0]}, gunicorn gthread, {cpus} workers sharing every core, {args.connections}"
+          f" connections; {args.sampler} at {args.rate} Hz, stopped and continued every {slot:g} s, {args.rounds} pairs")
+    print(f"throughput while sampling vs not, adjacent slots: median {statistics.median(ratios):+.1%}"
+          f" (interquartile {q[0]:+.1%} .. {q[2]:+.1%}; target within 5%)")
+    print(f"sampler CPU while sampling: {cpu:.1f}% of one core, {cpu / cpus:.1f}% of the machine's {cpus} (median)")
 
 
 if __name__ == "__main__":

@@ -237,7 +237,9 @@ def _of_asyncio_server(aa: AttachAnalysis, findings: Sequence[Finding], where: s
                    f"Not saturated: {loop} and"
                    f" {wire.in_flight_mean:.1f} requests were in flight on average, waiting on the wire"
                    f" ({wire.outstanding_mean():.1f} at outbound endpoints); "
-                   + (f"request time went to {where}." if where else "no request was seen in flight."),
+                   + (f"request time went to {where}." if where else "no request was seen in flight.")
+                   + " A tail is not visible from outside an asyncio service (a suspended request leaves no stack):"
+                   " `latprof run` times each request's layers.",
                    NOT_SATURATED)  # fmt: skip
 
 
@@ -268,7 +270,9 @@ def _of_samples(aa: AttachAnalysis, findings: Sequence[Finding]) -> Verdict:
         tail, said = _of_reconstructed(aa, findings)
         if tail is not None:
             return tail
-        return Verdict(None, None, None, 1.0 if ranked else 0.0, f"{summary}{said}", NOT_SATURATED)
+        return Verdict(None, None, None, 1.0 if ranked else 0.0,
+                       f"{summary}{said} Sampling sees no request's latency from its arrival: `latprof run` times each"
+                       " request's layers.", NOT_SATURATED)  # fmt: skip
     elif aa.backlog_seconds_share >= attach.MIN_BACKLOG_SECONDS_SHARE and aa.share(QUEUE) >= attach.MIN_VERDICT_SHARE:
         layer = QUEUE  # a backlog that holds a real share of request time; a brief one behind busy CPUs is not the cause
     elif attach.busy_share(aa, APP) >= 0.5:

@@ -37,6 +37,8 @@ def test_attach_names_the_fault_or_says_it_cannot_tell(tmp_path: Path, name: str
     assert report.source["kind"] == "attach" and result.load.errors == 0, result.load.error_samples
     # right, or honest: what benchmarks/accuracy.py scores "right" and "honest"; anything else is wrong
     assert verdict.layer in (scenario.expected_layer, None, UNATTRIBUTED), verdict
+    if verdict.layer in (None, UNATTRIBUTED):  # honest: it says what would tell
+        assert "latprof run" in verdict.summary, verdict.summary
     if name in LLM_FIRST_BYTE_SHARE:  # the provider's time on the wire, split as `latprof run` splits it
         census = report.collection["census"]
         low, high = LLM_FIRST_BYTE_SHARE[name]
