@@ -148,12 +148,30 @@ def _signal_tree(proc: psutil.Process, sig: int) -> None:
             pass
 
 
+class _Stamps(list):  # type: ignore[type-arg]
+    """What `bench_overhead._connection` appends to: the time each answer completed, not its latency."""
+
+    def append(self, _latency: float) -> None:
+        super().append(time.perf_counter())
+
+
 def interleaved(server: bo.Server, args: argparse.Namespace, cpus: int) -> None:
-    """`--interleave`: one sampler for the whole run, stopped and continued slot by slot."""
+    """`--interleave`: one sampler and one client (its connections kept open, so the workers
+    share them the same way throughout) for the whole run; the sampler stopped and continued
+    slot by slot; requests completed per slot, less its first quarter second."""
+    import asyncio
     import signal
+    import threading
 
     slot = args.interleave
-    duration = int(args.rounds * 2 * (slot + 0.5) + args.warmup + 10)
+    total = args.rounds * 2 * slot + 6.0
+    duration = int(total + args.warmup + 10)
+    stamps = _Stamps()
+
+    async def client() -> None:
+        stop_at = time.perf_counter() + total
+        await asyncio.gather(*(bo._connection(server.port, stop_at, stamps, k) for k in range(args.connections)))
+
     with tempfile.TemporaryDirectory(prefix="latprof-bench-") as tmp:
         command = [sys.executable, "-m", "latprof", "attach", "--pid", str(server.proc.pid), "--duration", str(duration),
                    "--rate", str(args.rate), "--format", "json", "--out", str(Path(tmp) / "attach.jsonl")]
@@ -163,29 +181,42 @@ def interleaved(server: bo.Server, args: argparse.Namespace, cpus: int) -> None:
                        "--format", "raw", "--output", str(Path(tmp) / "py-spy.txt")]
         sampler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=unpinned)
         watcher = psutil.Process(sampler.pid)
-        time.sleep(3.0)  # attached and sampling
-        bo.load(server, 0.5, args.connections, args.warmup)
-        ratios, on_cpu = [], []
+        loader = threading.Thread(target=lambda: asyncio.run(client()), daemon=True)
+        loader.start()
+        time.sleep(3.0)  # attached and sampling, the client warm
+        slots: list[tuple[bool, float, float]] = []
+        on_cpu = []
         try:
             for r in range(args.rounds):
-                results = {}
                 for sampling in ((True, False) if r % 2 == 0 else (False, True)):
                     _signal_tree(watcher, signal.SIGCONT if sampling else signal.SIGSTOP)
-                    cpu0, t0 = tree_cpu_s(watcher), time.monotonic()
-                    results[sampling] = bo.load(server, slot, args.connections, 0.25)
+                    cpu0, t0 = tree_cpu_s(watcher), time.perf_counter()
+                    time.sleep(slot)
+                    slots.append((sampling, t0 + 0.25, time.perf_counter()))
                     if sampling:
-                        on_cpu.append((tree_cpu_s(watcher) - cpu0) / (time.monotonic() - t0) * 100)
-                ratios.append(results[True]["rps"] / results[False]["rps"] - 1)
-                print(f"  pair {r + 1}: {ratios[-1]:+.1%} ({results[False]['rps']:.0f} -> {results[True]['rps']:.0f} req/s)",
-                      file=sys.stderr, flush=True)
+                        on_cpu.append((tree_cpu_s(watcher) - cpu0) / (time.perf_counter() - t0) * 100)
         finally:
             _signal_tree(watcher, signal.SIGCONT)
             sampler.terminate()
             sampler.wait(60)
+            loader.join(total + 30)
+    done = sorted(stamps)
+
+    def rps(start: float, end: float) -> float:
+        import bisect
+
+        return (bisect.bisect_left(done, end) - bisect.bisect_left(done, start)) / (end - start)
+
+    ratios = []
+    for (a_on, a0, a1), (_, b0, b1) in zip(slots[0::2], slots[1::2]):
+        on, off = (rps(a0, a1), rps(b0, b1)) if a_on else (rps(b0, b1), rps(a0, a1))
+        ratios.append(on / off - 1)
+        print(f"  pair {len(ratios)}: {ratios[-1]:+.1%} ({off:.0f} -> {on:.0f} req/s)", file=sys.stderr, flush=True)
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
     cpu = statistics.median(on_cpu)
     print(f"python {sys.version.split()[0]}, gunicorn gthread, {cpus} workers sharing every core, {args.connections}"
-          f" connections; {args.sampler} at {args.rate} Hz, stopped and continued every {slot:g} s, {args.rounds} pairs")
+          f" connections kept open; {args.sampler} at {args.rate} Hz, stopped and continued every {slot:g} s,"
+          f" {args.rounds} pairs")
     print(f"throughput while sampling vs not, adjacent slots: median {statistics.median(ratios):+.1%}"
           f" (interquartile {q[0]:+.1%} .. {q[2]:+.1%}; target within 5%)")
     print(f"sampler CPU while sampling: {cpu:.1f}% of one core, {cpu / cpus:.1f}% of the machine's {cpus} (median)")
