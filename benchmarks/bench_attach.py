@@ -72,6 +72,8 @@ def main() -> None:
     parser.add_argument("--shared", action="store_true", help="pin nothing: one worker per CPU, all sharing every core")
     parser.add_argument("--interleave", type=float, default=0.0, metavar="SLOT",
                         help="one sampler, stopped and continued every SLOT seconds; compare adjacent slots")
+    parser.add_argument("--fresh", action="store_true",
+                        help="with --interleave: a new `latprof attach --duration SLOT` for each slot with sampling")
     args = parser.parse_args()
 
     cpus = len(os.sched_getaffinity(0))
@@ -179,27 +181,49 @@ def interleaved(server: bo.Server, args: argparse.Namespace, cpus: int) -> None:
             command = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(server.proc.pid),
                        "--subprocesses", "--duration", str(duration), "--rate", str(args.rate), "--idle", "--nonblocking",
                        "--format", "raw", "--output", str(Path(tmp) / "py-spy.txt")]
-        sampler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=unpinned)
-        watcher = psutil.Process(sampler.pid)
         loader = threading.Thread(target=lambda: asyncio.run(client()), daemon=True)
-        loader.start()
-        time.sleep(3.0)  # attached and sampling, the client warm
         slots: list[tuple[bool, float, float]] = []
         on_cpu = []
-        try:
+        if args.fresh:  # a whole attach per slot: its start, its sampling and its report, as a user runs it
+            total += args.rounds * 2 * 2.0  # an attach outlasts its --duration by its start and report
+            loader.start()
+            time.sleep(3.0)
             for r in range(args.rounds):
                 for sampling in ((True, False) if r % 2 == 0 else (False, True)):
-                    _signal_tree(watcher, signal.SIGCONT if sampling else signal.SIGSTOP)
-                    cpu0, t0 = tree_cpu_s(watcher), time.perf_counter()
-                    time.sleep(slot)
-                    slots.append((sampling, t0 + 0.25, time.perf_counter()))
+                    t0 = time.perf_counter()
                     if sampling:
-                        on_cpu.append((tree_cpu_s(watcher) - cpu0) / (time.perf_counter() - t0) * 100)
-        finally:
-            _signal_tree(watcher, signal.SIGCONT)
-            sampler.terminate()
-            sampler.wait(60)
+                        fresh = command[:command.index("--duration") + 1] + [f"{slot:g}"] + command[command.index("--duration") + 2:]
+                        run = subprocess.Popen(fresh, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=unpinned)
+                        watcher = psutil.Process(run.pid)
+                        cpu = 0.0
+                        while run.poll() is None:
+                            cpu = max(cpu, tree_cpu_s(watcher))
+                            time.sleep(0.1)
+                        on_cpu.append(cpu / (time.perf_counter() - t0) * 100)
+                        slot_s = time.perf_counter() - t0
+                    else:
+                        time.sleep(slot_s if slots else slot + 1.5)
+                    slots.append((sampling, t0 + 0.25, time.perf_counter()))
             loader.join(total + 30)
+        else:
+            sampler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=unpinned)
+            watcher = psutil.Process(sampler.pid)
+            loader.start()
+            time.sleep(3.0)  # attached and sampling, the client warm
+            try:
+                for r in range(args.rounds):
+                    for sampling in ((True, False) if r % 2 == 0 else (False, True)):
+                        _signal_tree(watcher, signal.SIGCONT if sampling else signal.SIGSTOP)
+                        cpu0, t0 = tree_cpu_s(watcher), time.perf_counter()
+                        time.sleep(slot)
+                        slots.append((sampling, t0 + 0.25, time.perf_counter()))
+                        if sampling:
+                            on_cpu.append((tree_cpu_s(watcher) - cpu0) / (time.perf_counter() - t0) * 100)
+            finally:
+                _signal_tree(watcher, signal.SIGCONT)
+                sampler.terminate()
+                sampler.wait(60)
+                loader.join(total + 30)
     done = sorted(stamps)
 
     def rps(start: float, end: float) -> float:
@@ -215,7 +239,8 @@ def interleaved(server: bo.Server, args: argparse.Namespace, cpus: int) -> None:
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
     cpu = statistics.median(on_cpu)
     print(f"python {sys.version.split()[0]}, gunicorn gthread, {cpus} workers sharing every core, {args.connections}"
-          f" connections kept open; {args.sampler} at {args.rate} Hz, stopped and continued every {slot:g} s,"
+          f" connections kept open; {args.sampler} at {args.rate} Hz, "
+          f"{'a new attach of' if args.fresh else 'stopped and continued every'} {slot:g} s,"
           f" {args.rounds} pairs")
     print(f"throughput while sampling vs not, adjacent slots: median {statistics.median(ratios):+.1%}"
           f" (interquartile {q[0]:+.1%} .. {q[2]:+.1%}; target within 5%)")

@@ -307,15 +307,22 @@ def python_descendants(pid: int) -> list[int]:
 # `py-spy record` writes its output only when it ends; its chrometrace format (`-f chrometrace
 # -t`) carries the kernel thread ids and, per thread, when each stack began and ended;
 # `py-spy dump` costs a process start per snapshot (about 15 ms here), too slow for 100 Hz. So
-# the sampler runs successive recordings of `WINDOW_S` each, per process (`--subprocesses`
+# the sampler runs successive recordings of `WINDOW_S` (`latprof top`) or `ATTACH_WINDOW_S`
+# (`latprof attach`) each, per process (`--subprocesses`
 # would mix the processes' threads in one file): each yields, per thread, how many samples each
 # stack got in that window, and when. A recording takes about 0.2 s to attach before
 # it samples, so windows are about that far apart (a window's start and end say what it covers),
 # and requests that span the gap are not reconstructed. Idle threads are kept (`--idle`): without it every wait is
 # dropped. The target is never paused (`--nonblocking`).
 
-#: Length of one recording, in whole seconds (py-spy's `--duration` takes no fraction).
+#: Length of one recording, in whole seconds (py-spy's `--duration` takes no fraction), for
+#: `latprof top`'s live view.
 WINDOW_S = 1
+#: ... and for `latprof attach`: each py-spy start reads the target's memory maps and
+#: interpreter state again, which the service pays for (docs/performance.md: one-second
+#: recordings cost its throughput 8%, five-second ones 4%). The samples of a longer recording
+#: are still stamped with their own second (`Window.seconds`).
+ATTACH_WINDOW_S = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +350,30 @@ class Window:
     rate: int
     counts: list[StackCount]
     spans: Mapping[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+
+    def seconds(self) -> list[Window]:
+        """The recording cut into one window per second it covers, each with the counts of the
+        time its threads spent in each stack then (a window without spans: itself)."""
+        length = self.end_ns - self.start_ns
+        if not self.spans or length <= 1_500_000_000:
+            return [self]
+        cuts = list(range(0, length, 1_000_000_000))
+        if length - cuts[-1] < 500_000_000 and len(cuts) > 1:
+            cuts.pop()  # a last part under half a second joins the one before
+        bounds = list(zip(cuts, cuts[1:] + [max(length, max(m[-1][1] for m in self.spans.values()))]))
+        time_in: list[dict[int, int]] = [{} for _ in bounds]  # per part: stack index -> ns
+        for mine in self.spans.values():
+            for begin, end, index in mine:
+                for k, (lo, hi) in enumerate(bounds):
+                    overlap = min(end, hi) - max(begin, lo)
+                    if overlap > 0:
+                        time_in[k][index] = time_in[k].get(index, 0) + overlap
+        parts = []
+        for (lo, hi), spent in zip(bounds, time_in):
+            counts = [StackCount(c.tid, c.thread, c.frames, max(1, round(spent[i] * self.rate / 1e9)))
+                      for i, c in enumerate(self.counts) if spent.get(i)]  # fmt: skip
+            parts.append(Window(self.pid, self.start_ns + lo, self.start_ns + hi, self.rate, counts))
+        return parts
 
 
 #: Where py-spy's short file names start in an absolute one: a library's path below its
@@ -557,7 +588,7 @@ class Sampler:
     is sampled at a tenth of the rate (`IDLE_PARENT_DIVISOR`) until one has; its `Window.rate` says so.
 
     Windows of one process follow each other with the time py-spy needs to attach in between
-    (about 0.2 s of each 1.2 s here); a window's own start and end say what it covers. A
+    (about 0.2 s here); a window's own start and end say what it covers. A
     process that exits ends its loop (`exited`); an error of the sampler is kept in `errors`
     (one line each) and ends that process's loop only.
     """
@@ -626,7 +657,7 @@ class Sampler:
                     loop.start()
             if not alive(self.pid):
                 break
-            self.stop_event.wait(min(self.window_s, max(0.0, (deadline - time_ns()) / 1e9)))
+            self.stop_event.wait(min(1.0, max(0.0, (deadline - time_ns()) / 1e9)))  # new workers found within a second
         for loop in list(self._loops.values()):
             loop.join(self.window_s + DUMP_TIMEOUT_S + 5)
 

@@ -3,11 +3,13 @@
 Three collectors run side by side for `--duration` seconds, all into one capture file
 (`source: attach`), so `latprof analyze CAPTURE` later reads exactly what the live report read:
 
-- **stacks** (`collectors/attach/pyspy.py`): back-to-back one-second py-spy recordings of the target
-  and (by default) each of its Python children, at `--rate` Hz; every (thread, stack) of a
-  window becomes one `stack` event weighted by its sample count, stamped with the window's
-  start. A stack no signature explains (a C call that left no frame) is split over the wait
-  channels its thread was seen in during that window, one event per channel.
+- **stacks** (`collectors/attach/pyspy.py`): back-to-back five-second py-spy recordings of the target
+  and (by default) each of its Python children, at `--rate` Hz (`ATTACH_WINDOW_S`: each start
+  costs the service); every (thread, stack) of each second of a recording becomes one `stack`
+  event weighted by its sample count, stamped with that second's start. A stack no signature
+  explains (a C call that left no frame) is split over the wait channels its thread was seen
+  in during that second, one event per channel. Requests of threaded servers are
+  reconstructed from each worker thread's stacks in time (`latprof.attach.reconstruct`).
 - **wait channels** of every thread, polled at the sampling rate (for the split above).
 - **/proc** (`collectors/attach/procfs.py`), every `POLL_S`: the accept-queue depth of each listening
   port (`accept.queue_depth`), and each second the connections accepted (`accept.rate`, per
@@ -108,7 +110,7 @@ class AttachSession:
                         "target_pid": pid, "rate_hz": rate}  # fmt: skip
         self.writer: Any = None  # opened in `run`, once the target and the database are known to be there
         self.channels = pyspy.WaitChannels(hz=min(rate, 100))
-        self.sampler = pyspy.Sampler(pid, self._window, rate=rate, subprocesses=subprocesses)
+        self.sampler = pyspy.Sampler(pid, self._window, rate=rate, subprocesses=subprocesses, window_s=pyspy.ATTACH_WINDOW_S)
         self.loops = LoopWatch(self.channels)
         self._reconstruct_failed = False  # said once in the capture
 
@@ -165,7 +167,12 @@ class AttachSession:
         """Write one window's samples; whether one of them was busy (else the sampler may slow
         down on a supervisor)."""
         self.channels.watch(window.pid)
-        classified = classify_window(window, self.channels.between(window.pid, window.start_ns, window.end_ns), self.rate)
+        classified: list[tuple[StackSample, Classification]] = []
+        loop_gauges: list[Gauge] = []
+        for part in window.seconds():  # each sample stamped with its own second
+            mine = classify_window(part, self.channels.between(part.pid, part.start_ns, part.end_ns), self.rate)
+            classified += mine
+            loop_gauges += self.loops.window(part, mine)
         events = [e for e, _ in classified]
         total = sum(e.weight for e in events)
         busy: dict[str, int] = {}  # busy samples by layer, for the progress line
@@ -186,7 +193,7 @@ class AttachSession:
             self.writer.emit(r)
         if cut is not None:
             self.writer.emit(cut)
-        for g in self.loops.window(window, classified):
+        for g in loop_gauges:
             self.writer.emit(g)
         with self._lock:
             for layer, n in busy.items():

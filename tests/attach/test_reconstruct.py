@@ -164,3 +164,17 @@ def test_a_tail_in_llm_calls_names_no_layer_since_stacks_cannot_split_first_toke
     report = build_attach_report(aa, judge(aa, default_rules()))
     assert report.verdict.layer is None and report.verdict.status == "not_saturated", report.verdict
     assert "cannot tell apart" in report.verdict.summary and "latprof run" in report.verdict.summary
+
+
+def test_a_longer_recording_is_cut_into_its_seconds_each_with_the_time_spent_then() -> None:
+    """`latprof attach` records five seconds at a time (py-spy's start costs the service) and still
+    stamps each sample with its own second."""
+    window = _window([(IDLE, 700), (QUERY, 600), (IDLE, 1000), (POOL, 900)], tid=11)  # 3.2 s
+    parts = window.seconds()
+    assert [(p.start_ns - ORIGIN_NS, p.end_ns - ORIGIN_NS) for p in parts] == [(0, 1000 * MS), (1000 * MS, 2000 * MS),
+                                                                             (2000 * MS, 3200 * MS)]  # fmt: skip
+    by_part = [{c.frames[0].name: c.count for c in p.counts} for p in parts]
+    # at 100 Hz: 700 ms idle and 300 ms of the statement, then 300 + 700 ms, then 300 ms idle and 900 ms of pool wait
+    assert by_part == [{"_worker": 70, "Connection.wait": 30}, {"Connection.wait": 30, "_worker": 70},
+                       {"_worker": 30, "WaitingClient.wait": 90}]  # fmt: skip
+    assert _window([(IDLE, 1100)]).seconds() == [_window([(IDLE, 1100)])]  # a second's recording stays whole
