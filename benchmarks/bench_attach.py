@@ -244,6 +244,9 @@ def interleaved(server: bo.Server, args: argparse.Namespace, cpus: int) -> None:
           f" {args.rounds} pairs")
     print(f"throughput while sampling vs not, adjacent slots: median {statistics.median(ratios):+.1%}"
           f" (interquartile {q[0]:+.1%} .. {q[2]:+.1%}; target within 5%)")
+    off = statistics.median(rps(b0, b1) for sampling, b0, b1 in slots if not sampling)
+    print(f"  without sampling: {off:.0f} req/s (median slot; the kernel hands the kept-open connections to the"
+          f" workers once: a run far below the machine's usual rate had one worker take most of them)")
     print(f"sampler CPU while sampling: {cpu:.1f}% of one core, {cpu / cpus:.1f}% of the machine's {cpus} (median)")
 
 
