@@ -344,18 +344,12 @@ class Exchanges:
                 continue
             seen.add(s.inode)
             known = self._open.get(s.inode)
-            if known is None:  # first seen: its last request (if any) began when it last sent
+            if known is None:  # first seen: nothing sent or received yet, as far as it knows
                 if len(self._open) >= MAX_EXCHANGES:
                     continue
-                remote, x = s.remote, _Exchange(s.bytes_sent, -1)
-                if s.bytes_sent:
-                    x.since_ns = now_ns - s.last_data_sent_ms * 1_000_000
-                if s.last_data_recv_ms >= s.last_data_sent_ms:  # nothing received since it
-                    x.received = s.bytes_received
-                self._open[s.inode] = (remote, x)
-            else:
-                remote, x = known
-            if s.bytes_sent > x.sent:  # a new request: the last exchange ended
+                known = self._open[s.inode] = (s.remote, _Exchange(0, -1))
+            remote, x = known
+            if s.bytes_sent > x.sent:  # a request (the first seen, or the next: the last exchange ended), sent when it last sent
                 self._end(remote, x, x.last_ns)
                 x.since_ns, x.run_ns, x.last_ns, x.arrivals = now_ns - s.last_data_sent_ms * 1_000_000, None, None, 0
                 x.sent = s.bytes_sent
@@ -386,7 +380,6 @@ class Exchanges:
         """End every exchange (the capture ends): one still waiting for its first byte waited until now."""
         for remote, x in self._open.values():
             self._end(remote, x, x.last_ns if x.last_ns is not None else now_ns)
-            x.since_ns = None
         self._open.clear()
 
     def take(self) -> dict[tuple[str, int], ExchangeTimes]:

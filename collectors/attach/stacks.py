@@ -334,7 +334,7 @@ def match(frames: Sequence[Frame], *, extra: Sequence[Signature] = ()) -> Classi
                 continue
             if sig.id in _INNERMOST_ONLY and not only_waits:
                 continue
-            if sig.requires is not None and not any(_under(f.file, sig.requires) for f in frames):
+            if sig.requires is not None and not any(in_package(f.file, sig.requires) for f in frames):
                 continue
             if sig.generic:
                 # the outer of two generic waits right inside each other says more (a future's
@@ -351,7 +351,7 @@ def match(frames: Sequence[Frame], *, extra: Sequence[Signature] = ()) -> Classi
     return None
 
 
-def _under(file: str, package: str) -> bool:
+def in_package(file: str, package: str) -> bool:
     """`file` (a short file name, or a full path) belongs to `package` (`openai/`)."""
     return file.startswith(package) or ("/" + package) in file
 
@@ -360,7 +360,7 @@ def _decided(sig: Signature, frames: Sequence[Frame]) -> Classification:
     if sig.idle:
         return Classification(IDLE, None, sig.id)
     layer = sig.layer
-    if layer == TOOL and any(_under(f.file, "openai/") for f in frames):
+    if layer == TOOL and any(in_package(f.file, "openai/") for f in frames):
         layer = PROVIDER  # an HTTP exchange of an LLM call (the openai frames further out say so)
     if layer == PROVIDER:
         return Classification(BUSY, PROVIDER, sig.id, split_unknown=True)

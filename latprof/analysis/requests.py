@@ -287,6 +287,11 @@ class LatencySummary:
     max_ms: float
     mean_ms: float
 
+    def to_dict(self) -> dict[str, float]:
+        """report-v1's `latency_ms`: p50, p90, p99 and max, to the microsecond."""
+        return {"p50": round(self.p50_ms, 3), "p90": round(self.p90_ms, 3), "p99": round(self.p99_ms, 3),
+                "max": round(self.max_ms, 3)}  # fmt: skip
+
 
 def summarize_latency(latencies_ms: Sequence[float], weights: Sequence[int] | None = None) -> LatencySummary | None:
     """Return p50/p90/p99/max/mean of the latencies, or None when there are none.

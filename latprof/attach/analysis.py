@@ -309,12 +309,12 @@ def _idle_share(seen: list[tuple[StackSample, Classification]]) -> float:
 MIN_TAIL_MIX_DISTANCE = 0.3
 
 
-def _mix(breakdowns: Sequence[dict[str, float]], idx: Iterable[int]) -> dict[str, float]:
-    totals: Counter[str] = Counter()
-    for i in idx:
-        totals.update(breakdowns[i])
-    whole = sum(totals.values())
-    return {layer: ms / whole for layer, ms in totals.items()} if whole > 0 else {}
+def _mix(analysis: Analysis, mean: str) -> dict[str, float]:
+    """Each layer's share of the requests' time: of all of them (`mean_ms`), of the median cohort
+    (`median_mean_ms`) or of the tail (`tail_mean_ms`), from the analysis's layer statistics."""
+    means = {name: getattr(stats, mean) for name, stats in analysis.layers.items() if getattr(stats, mean) > 0}
+    whole = sum(means.values())
+    return {layer: ms / whole for layer, ms in means.items()} if whole > 0 else {}
 
 
 def _reconstructed(aa: AttachAnalysis, idle_by_thread: dict[tuple[int, int], float]) -> None:
@@ -346,16 +346,14 @@ def _reconstructed(aa: AttachAnalysis, idle_by_thread: dict[tuple[int, int], flo
         return
     sub = Timeline(aa.timeline.source_kind, aa.timeline.inputs, kept, headers=aa.timeline.headers)
     analysis = analyze(sub, warmup_s=0.0)
-    evidence["layers"] = {k: round(v, 4) for k, v in sorted(_mix(analysis.breakdowns, range(len(kept))).items(), key=lambda kv: -kv[1])}
+    evidence["layers"] = {k: round(v, 4) for k, v in sorted(_mix(analysis, "mean_ms").items(), key=lambda kv: -kv[1])}
     if analysis.latency is not None:
-        lat = analysis.latency
-        evidence["latency_ms"] = {"p50": round(lat.p50_ms, 3), "p90": round(lat.p90_ms, 3), "p99": round(lat.p99_ms, 3),
-                                  "max": round(lat.max_ms, 3)}  # fmt: skip
+        evidence["latency_ms"] = analysis.latency.to_dict()
     if not analysis.has_tail:
         evidence["tail"] = "none"
         aa.requests = analysis
         return
-    tail, median = _mix(analysis.breakdowns, analysis.groups.tail), _mix(analysis.breakdowns, analysis.groups.median)
+    tail, median = _mix(analysis, "tail_mean_ms"), _mix(analysis, "median_mean_ms")
     distance = 0.5 * sum(abs(tail.get(k, 0.0) - median.get(k, 0.0)) for k in set(tail) | set(median))
     evidence["tail_mix_distance"] = round(distance, 3)
     if distance < MIN_TAIL_MIX_DISTANCE:

@@ -514,11 +514,7 @@ class _Wire:
             for (name, where), total in sorted(self.sums.items(), key=str):
                 attrs: dict[str, Any] = {"server.port": where}
                 if isinstance(where, tuple):
-                    kind = DB_PORTS.get(where[1], "http")
-                    pg = self.session.pg
-                    if pg is not None and tuple(where) == pg.server():
-                        kind = "postgresql"
-                    attrs = {"server.address": where[0], "server.port": where[1], "latprof.endpoint.kind": kind}
+                    attrs = self._endpoint(where)
                 emit(Gauge("census." + name, round(total / self.readings, 3), now, target, attrs))
         if self.ages:
             ages = sorted(self.ages)
@@ -536,11 +532,20 @@ class _Wire:
         if last:
             self.exchanges.close(now)
         for where, times in sorted(self.exchanges.take().items()):
-            if where[1] in DB_PORTS:
+            attrs = self._endpoint(where)
+            if attrs["latprof.endpoint.kind"] != "http":
                 continue
-            attrs = {"server.address": where[0], "server.port": where[1], "latprof.endpoint.kind": "http"}
             for name in ("first_byte_s", "stream_s", "exchanges", "streamed"):
                 self.session.writer.emit(Gauge("census.outbound." + name, round(getattr(times, name), 4), now, self.session.pid, attrs))
+
+    def _endpoint(self, where: tuple[str, int]) -> dict[str, Any]:
+        """A remote endpoint's gauge attributes, with its kind: a database's by its port (`--db`'s
+        server is postgresql whatever its port), else http."""
+        kind = DB_PORTS.get(where[1], "http")
+        pg = self.session.pg
+        if pg is not None and tuple(where) == pg.server():
+            kind = "postgresql"
+        return {"server.address": where[0], "server.port": where[1], "latprof.endpoint.kind": kind}
 
     def _backends(self, now: int) -> None:
         pg = self.session.pg

@@ -41,6 +41,7 @@ from typing import Any
 
 from latprof.layers import DB_POOL, DB_QUERY, EVENT_LOOP, HTTP_POOL, MODEL, PROVIDER, QUEUE, TOOL, UNATTRIBUTED
 from latprof.analysis.timeline import Timeline
+from latprof.collectors.attach.stacks import in_package
 
 #: Remote ports of database and cache servers (the rest are outbound HTTP: providers, tools).
 DB_PORTS = {5432: "postgresql", 3306: "mysql", 6379: "redis", 27017: "mongodb", 11211: "memcached", 1433: "mssql"}
@@ -261,21 +262,12 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
                        ("census.outbound.receiving", "receiving"), ("census.outbound.unread", "unread")):  # fmt: skip
         by_endpoint: dict[str, list[Any]] = {}
         for g in gauges.get(name, ()):
-            address, port = str(g.attrs.get("server.address")), int(g.attrs.get("server.port") or 0)
-            key = f"{address}:{port}"
-            if key not in endpoints:
-                # the session names the kind (the --db server is postgresql whatever its port)
-                endpoints[key] = Endpoint(address, port, str(g.attrs.get("latprof.endpoint.kind") or DB_PORTS.get(port, "http")))
-            by_endpoint.setdefault(key, []).append(g)
+            by_endpoint.setdefault(_endpoint(endpoints, g), []).append(g)
         for key, found in by_endpoint.items():
             setattr(endpoints[key], attr, _per_second(found))
     for name in ("first_byte_s", "stream_s", "exchanges", "streamed"):  # totals, not per-second means
         for g in gauges.get("census.outbound." + name, ()):
-            key = f"{g.attrs.get('server.address')}:{int(g.attrs.get('server.port') or 0)}"
-            e = endpoints.get(key)
-            if e is None:
-                address, port = str(g.attrs.get("server.address")), int(g.attrs.get("server.port") or 0)
-                e = endpoints[key] = Endpoint(address, port, "http")
+            e = endpoints[_endpoint(endpoints, g)]
             setattr(e, name, type(getattr(e, name))(getattr(e, name) + g.value))
     seconds = sorted(in_flight)
     wire = WireState(seconds, in_flight, backlog, endpoints)
@@ -341,6 +333,16 @@ def wire_state(timeline: Timeline, loop: LoopState | None) -> WireState | None:
     return wire
 
 
+def _endpoint(endpoints: dict[str, Endpoint], g: Any) -> str:
+    """The key ("address:port") of a census gauge's remote endpoint, added to `endpoints` when new."""
+    address, port = str(g.attrs.get("server.address")), int(g.attrs.get("server.port") or 0)
+    key = f"{address}:{port}"
+    if key not in endpoints:
+        # the session names the kind (the --db server is postgresql whatever its port)
+        endpoints[key] = Endpoint(address, port, str(g.attrs.get("latprof.endpoint.kind") or DB_PORTS.get(port, "http")))
+    return key
+
+
 #: Top-level packages of LLM client libraries: a frame of one in the process's stacks says it calls an LLM.
 LLM_CLIENTS = ("openai/", "anthropic/", "litellm/", "google/genai/", "mistralai/", "cohere/")
 
@@ -350,7 +352,7 @@ def _llm_endpoint(timeline: Timeline, endpoints: dict[str, Endpoint]) -> tuple[s
     stacks show an LLM client library, and one HTTP endpoint had exchanges (or, of several, only
     one streamed its answers, as an LLM does). None when the wire cannot tell which it is."""
     frames = {f.filename for sample in timeline.samples for f in sample.frames}
-    client = next((c.rstrip("/") for c in LLM_CLIENTS if any(f.startswith(c) or f"/{c}" in f for f in frames)), None)
+    client = next((c.rstrip("/") for c in LLM_CLIENTS if any(in_package(f, c) for f in frames)), None)
     if client is None:
         return None, None
     http = {k: e for k, e in endpoints.items() if not e.db and e.exchanges}

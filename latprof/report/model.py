@@ -137,16 +137,7 @@ def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
         "end_unix_s": max(rt.request.end_ns for rt in requests) / NS_PER_S if requests else None,
         "requests": analysis.represented,
     }
-    latency = (
-        None
-        if lat is None
-        else {
-            "p50": round(lat.p50_ms, 3),
-            "p90": round(lat.p90_ms, 3),
-            "p99": round(lat.p99_ms, 3),
-            "max": round(lat.max_ms, 3),
-        }
-    )
+    latency = None if lat is None else lat.to_dict()
     collection = {
         "collectors": timeline.collectors,
         "coverage": None if analysis.coverage is None else round(analysis.coverage, 4),
