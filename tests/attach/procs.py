@@ -5,6 +5,7 @@ Not a test module: `from attach.procs import ...` (tests/ is on sys.path, see te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from report_schema import assert_valid
@@ -88,6 +90,34 @@ def attach_cli(pid: int, tmp_path: Path, duration_s: float) -> subprocess.Comple
                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
+@contextlib.contextmanager
+def load(port: int, path: str, clients: int, pause_s: float = 0.0) -> Iterator[list[int]]:
+    """`clients` threads requesting `path` on 127.0.0.1:`port` one at a time, each pausing `pause_s`
+    after every answer, until the block ends; yields a one-item list counting the failed requests."""
+    stop = threading.Event()
+    failures = [0]
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
+            except OSError:
+                failures[0] += 1
+                time.sleep(0.05)
+            if pause_s:
+                stop.wait(pause_s)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield failures
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(35)
+
+
 def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clients: int, *, pause_s: float = 0.0,
                       env: dict[str, str] | None = None, server: list[str] | None = None,
                       attach_args: tuple[str, ...] = (), duration_s: float = 4, config: Path | None = None,
@@ -100,30 +130,16 @@ def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clien
     port = free_port()
     command = [a.format(port=port) for a in server] if server else gunicorn(port, *gunicorn_args)
     master = start_server(command, port, env)
-    stop = threading.Event()
-
-    def client() -> None:
-        while not stop.is_set():
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
-            except OSError:
-                time.sleep(0.05)
-            if pause_s:
-                time.sleep(pause_s)
-
     capture = tmp_path / "attach.jsonl"
     try:
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-        for t in threads:
-            t.start()
-        time.sleep(1.0)
-        live = subprocess.run(
-            [sys.executable, "-m", "latprof", "attach", "--pid", str(master.pid), "--duration", str(duration_s), "--format",
-             "json", "--out", str(capture), *attach_args, *judged],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        with load(port, path, clients, pause_s):
+            time.sleep(1.0)
+            live = subprocess.run(
+                [sys.executable, "-m", "latprof", "attach", "--pid", str(master.pid), "--duration", str(duration_s),
+                 "--format", "json", "--out", str(capture), *attach_args, *judged],
+                cwd=ROOT, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
     finally:
-        stop.set()
         master.terminate()
         master.wait(20)
     assert live.returncode == 0, live.stderr

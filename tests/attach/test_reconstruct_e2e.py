@@ -21,16 +21,14 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 import services  # tests/services.py: the local services the tests use
-from attach.procs import attach_cli, free_port, gunicorn, start_server
+from attach.procs import attach_cli, free_port, gunicorn, load, start_server
 from latprof.analysis.requests import layer_times_ms
 from latprof.pipeline import run_diagnosis
 
@@ -53,33 +51,6 @@ def rounded(shares: dict[str, float]) -> dict[str, float]:
 
 def service_env() -> dict[str, str]:
     return {"WSGI_APP_PG": services.PG_DSN, "WSGI_APP_POOL_MAX": str(POOL_MAX)}
-
-
-@contextlib.contextmanager
-def load(port: int) -> Iterator[list[int]]:
-    """CLIENTS threads requesting PATH on `port`, each pausing PAUSE_S after every response, until
-    the block ends; yields a one-item list counting the failed requests."""
-    stop = threading.Event()
-    failures = [0]
-
-    def client() -> None:
-        while not stop.is_set():
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}{PATH}", timeout=30).read()
-            except OSError:
-                failures[0] += 1
-                time.sleep(0.05)
-            stop.wait(PAUSE_S)
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
-    for t in threads:
-        t.start()
-    try:
-        yield failures
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(35)
 
 
 def shares_of(capture: Path) -> tuple[dict[str, float], int, float]:
@@ -105,7 +76,7 @@ def run_mode_shares(tmp_path: Path) -> dict[str, float]:
                *gunicorn(port, *GUNICORN_ARGS)]  # fmt: skip
     latprof = start_server(command, port, service_env())
     try:
-        with load(port) as failures:
+        with load(port, PATH, CLIENTS, PAUSE_S) as failures:
             time.sleep(LOAD_S)
         latprof.send_signal(signal.SIGTERM)  # latprof passes it on to gunicorn, which stops gracefully
         assert latprof.wait(30) == 0
@@ -125,7 +96,7 @@ def start_plain_and_load() -> Iterator[int]:
     port = free_port()
     master = start_server(gunicorn(port, *GUNICORN_ARGS), port, service_env())
     try:
-        with load(port) as failures:
+        with load(port, PATH, CLIENTS, PAUSE_S) as failures:
             time.sleep(2.0)  # past what `latprof run`'s analysis leaves out as warmup (its first 2 s)
             yield master.pid
         assert failures[0] == 0, f"{failures[0]} requests failed"
