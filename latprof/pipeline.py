@@ -43,7 +43,7 @@ class Diagnosis:
 def run_diagnosis(
     paths: Iterable[str | os.PathLike[str]],
     *,
-    warmup_s: float = DEFAULT_WARMUP_S,
+    warmup_s: float | None = DEFAULT_WARMUP_S,
     rules: Sequence[Rule] | None = None,
     source_kind: str | None = None,
     min_tail_excess_ms: float = DEFAULT_MIN_TAIL_EXCESS_MS,
@@ -54,7 +54,9 @@ def run_diagnosis(
     `source_kind` (one of report-v1's `source.kind`s) says how the data was collected when the
     files cannot: `latprof receive` passes "receive" for the OTLP file it wrote, which read
     alone is "otlp". By default the files' headers (or trace format) decide.
-    `min_tail_excess_ms` is the smallest tail worth a verdict (docs/layers.md).
+    `min_tail_excess_ms` is the smallest tail worth a verdict (docs/layers.md). `warmup_s`
+    None: the source's default - none for hooks loaded into a process already serving
+    (`attach --inject`), else `DEFAULT_WARMUP_S`.
     """
     if source_kind is not None and source_kind not in SOURCE_KINDS:
         raise ValueError(f"source_kind must be one of {SOURCE_KINDS}, not {source_kind!r}")
@@ -71,6 +73,8 @@ def run_diagnosis(
             return Diagnosis(None, found, build_attach_report(samples, found), samples)
         if timeline.source_kind in TRACE_SOURCES:
             timeline = infer_queueing(infer_pool_waits(timeline))
+        if warmup_s is None:
+            warmup_s = 0.0 if timeline.method == "inject" else DEFAULT_WARMUP_S
         analysis = analyze(timeline, warmup_s=warmup_s, min_tail_excess_ms=min_tail_excess_ms)
         findings = run_rules(analysis, default_rules() if rules is None else rules)
         return Diagnosis(analysis, findings, build_report(analysis, findings))
@@ -85,9 +89,9 @@ def run_configured(
     source_kind: str | None = None,
 ) -> Diagnosis:
     """`run_diagnosis` as the config says: its enabled rules with their thresholds, its
-    `min_tail_excess_ms`, and its `skip_warmup_s` unless `warmup_s` is given (else the default)."""
+    `min_tail_excess_ms`, and its `skip_warmup_s` unless `warmup_s` is given (else the source's default)."""
     if warmup_s is None:
-        warmup_s = config.skip_warmup_s if config.skip_warmup_s is not None else DEFAULT_WARMUP_S
+        warmup_s = config.skip_warmup_s  # None: the source's default
     floor = config.min_tail_excess_ms if config.min_tail_excess_ms is not None else DEFAULT_MIN_TAIL_EXCESS_MS
     return run_diagnosis(paths, warmup_s=warmup_s, rules=configured(rule_classes, config.rules), min_tail_excess_ms=floor,
                          source_kind=source_kind)  # fmt: skip

@@ -130,3 +130,6 @@ NOTE_HOOK_ACTIVE: Final = "hook_active"
 NOTES_ACTIVITY: Final = "notes_activity"
 #: attrs `cpu_percent` and `added_ms_per_request`: what collection cost the observed process.
 NOTE_OVERHEAD: Final = "overhead"
+#: One process `latprof attach --inject` tried (attrs: `outcome`, `held_ms`, `hooks`,
+#: `coverage`, `detach`, ...: `latprof.inject.session.Injected`); the report's `collection.injected`.
+NOTE_INJECTED: Final = "injected"

@@ -29,6 +29,29 @@ def available_hooks() -> list[str]:
     return hook_names()
 
 
+def select_hooks(hooks: str, disable: Sequence[str] = ()) -> list[str]:
+    """The hooks `--hooks NAMES` and `--disable NAMES` (each comma-separated) leave; ["all"] for all.
+
+    Raises `ConfigError` for an unknown name, or when every hook is disabled."""
+    from latprof.errors import ConfigError
+
+    known = available_hooks()
+    wanted = [name.strip() for name in hooks.split(",") if name.strip()]
+    if wanted != ["all"]:
+        unknown = sorted(set(wanted) - set(known))
+        if unknown:
+            raise ConfigError(f"--hooks: no hook {', '.join(unknown)} (known: {', '.join(known)})")
+    disabled = {name.strip() for item in disable for name in item.split(",") if name.strip()}
+    if disabled:
+        unknown = sorted(disabled - set(known))
+        if unknown:
+            raise ConfigError(f"--disable: no hook {', '.join(unknown)} (known: {', '.join(known)})")
+        wanted = [name for name in (known if wanted == ["all"] else wanted) if name not in disabled]
+        if not wanted:
+            raise ConfigError("--disable: every hook is disabled; nothing would be recorded")
+    return wanted
+
+
 def describe_hooks() -> list[tuple[str, str]]:
     """(name, the first line of its module's documentation) of every hook, in name order."""
     return [(name, (HOOKS[name].__doc__ or "").strip().partition("\n")[0]) for name in hook_names()]

@@ -521,6 +521,14 @@ def when_imported(module_name: str, callback: Callable[[types.ModuleType], None]
     callback(module)
 
 
+def forget_imports() -> None:
+    """Patch no library imported from now on: drop the waiting callbacks and latprof's import
+    finder from `sys.meta_path` (a process latprof injected into, when the hooks are removed)."""
+    with _pending_lock:
+        _pending.clear()
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportFinder)]
+
+
 def _run_callbacks(module: types.ModuleType) -> None:
     with _pending_lock:
         callbacks = _pending.pop(module.__name__, [])

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 
 from latprof.capture.reader import CaptureData
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
-from latprof.semconv import NOTE_HOOK_ACTIVE, NOTE_HOOKS_LOADED, NOTES_ACTIVITY
+from latprof.semconv import NOTE_HOOK_ACTIVE, NOTE_HOOKS_LOADED, NOTE_INJECTED, NOTES_ACTIVITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +20,10 @@ class RequestTimeline:
     @property
     def latency_ns(self) -> int:
         return self.request.end_ns - self.request.start_ns
+
+
+#: `Timeline.method` of a capture whose headers do not say it.
+_METHODS = {"run": "launch", "attach": "sample", "receive": "receive"}
 
 
 @dataclass
@@ -36,6 +40,17 @@ class Timeline:
     #: Segments whose request never completed in the capture (in flight when it stopped).
     orphan_segments: int = 0
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def method(self) -> str:
+        """How the data got out of the service (report-v1 `source.method`): "launch" (`latprof
+        run`), "inject" (`attach --inject`), "sample" (`attach`), "receive" or "read" (trace
+        files): a header's `method`, else by the source kind."""
+        for header in self.headers:
+            method = header.get("method")
+            if isinstance(method, str) and method:
+                return method
+        return _METHODS.get(self.source_kind, "read")
 
     @property
     def collectors(self) -> list[str]:
@@ -155,7 +170,7 @@ def _summarize_quality(records: list[QualityRecord]) -> list[str]:
     """One warning per (process, kind, message), counts summed: a writer repeats them per flush."""
     totals: dict[tuple[int, str, str], int] = {}
     for record in records:
-        if record.kind not in (NOTE_HOOKS_LOADED, NOTE_HOOK_ACTIVE):  # what ran, not how it went
+        if record.kind not in (NOTE_HOOKS_LOADED, NOTE_HOOK_ACTIVE, NOTE_INJECTED):  # what ran, not how it went
             key = (record.pid, record.kind, record.message)
             totals[key] = totals.get(key, 0) + record.occurrences
     lines = []

@@ -666,7 +666,8 @@ def build_attach_report(aa: AttachAnalysis, findings: Sequence[Finding]) -> Repo
         return more
 
     return Report(
-        source={"kind": "attach", "inputs": list(timeline.inputs), "pid": header.get("target_pid"), "pids": pids},
+        source={"kind": "attach", "method": "sample", "inputs": list(timeline.inputs), "pid": header.get("target_pid"),
+                "pids": pids},
         window={
             "start_unix_s": min(starts) / 1e9 if starts else None,
             "end_unix_s": max(starts) / 1e9 + 1 if starts else None,

@@ -11,6 +11,7 @@ import click
 
 from latprof.cli._common import Judging, config_option, format_option, main, output_option, print_capture_report
 from latprof.errors import CollectorError, ConfigError
+from latprof.semconv import DEFAULT_MAX_RATE
 
 if TYPE_CHECKING:
     from latprof.attach.session import AttachStats
@@ -25,10 +26,19 @@ if TYPE_CHECKING:
 @click.option("--db", "db", metavar="DSN", help="Also sample pg_stat_activity for the target's own PostgreSQL backends "
               "(a libpq URL or key=value DSN; needs psycopg).")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="The capture file (default latprof-attach-<time>.jsonl).")
+@click.option("--inject", is_flag=True, help="Load latprof's hooks into the running workers for --duration, then remove them:"
+              " the per-request report of `latprof run` without a restart (CPython 3.10-3.13, needs gdb; docs/inject.md).")
+@click.option("--hooks", default="all", show_default=True, metavar="NAMES", help="With --inject: the hooks to load (comma-separated).")
+@click.option("--disable", multiple=True, metavar="NAMES", help="With --inject: hooks not to load (comma-separated; may be repeated).")
+@click.option("--max-rate", type=click.FloatRange(min=0), default=DEFAULT_MAX_RATE, show_default=True, metavar="N",
+              help="With --inject: record at most about N requests a second per process (0: all), as `latprof run`.")
+@click.option("--allow-other-user", is_flag=True, help="With --inject: inject into a process of another user (as root).")
 @format_option
 @output_option("report")
 @config_option
-def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: str | None, out: Path | None, fmt: str,
+@click.pass_context
+def attach(ctx: click.Context, pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: str | None, out: Path | None,
+           inject: bool, hooks: str, disable: tuple[str, ...], max_rate: float, allow_other_user: bool, fmt: str,
            output: Path | None, config_path: Path | None) -> None:  # fmt: skip
     """Diagnose a running service from outside: sample its threads' stacks (py-spy), wait
     channels, event loops, accept queue and sockets for a while, then name the layer that
@@ -36,9 +46,18 @@ def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: st
 
     Needs py-spy and permission to read the process (same user or root; in containers
     --cap-add SYS_PTRACE). Workers of a gunicorn master are followed unless --no-subprocesses.
+
+    With --inject, latprof's hooks are loaded into each worker instead (never into a master),
+    record every request's layers as `latprof run` does, and are removed after --duration.
     """
     import signal
 
+    if inject:
+        _inject(ctx, pid, duration_s, no_subprocesses, db, out, hooks, disable, max_rate, allow_other_user, fmt, output,
+                config_path)  # fmt: skip
+        return
+    if allow_other_user or hooks != "all" or disable or ctx.get_parameter_source("max_rate") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--hooks, --disable, --max-rate and --allow-other-user apply to --inject only")
     from latprof.attach.session import AttachSession
     from latprof.collectors.attach import pg_activity, pyspy
     judging = Judging(config_path)  # a bad config stops here, before sampling starts
@@ -61,6 +80,43 @@ def attach(pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: st
     diagnosis = judging.diagnose([capture])
     print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture),
                          written=f" (PID {pid} exited during it)" if pid in stats.exited else "")  # fmt: skip
+
+
+def _inject(ctx: click.Context, pid: int, duration_s: float, no_subprocesses: bool, db: str | None, out: Path | None,
+            hooks: str, disable: tuple[str, ...], max_rate: float, allow_other_user: bool, fmt: str, output: Path | None,
+            config_path: Path | None) -> None:  # fmt: skip
+    """`attach --inject`: the hooks in each worker for `duration_s`, then the run-mode report."""
+    import signal
+
+    from latprof.collectors.hooks.launcher import available_hooks, select_hooks
+    from latprof.inject.session import InjectSession
+
+    if db is not None or ctx.get_parameter_source("rate") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--db and --rate apply to sampling, not to --inject")
+    wanted = select_hooks(hooks, disable)
+    judging = Judging(config_path)  # a bad config stops here, before anything is injected
+    capture = out or Path(time.strftime("latprof-inject-%Y%m%d-%H%M%S.jsonl"))
+
+    def progress(message: str) -> None:
+        click.echo(f"latprof attach --inject: {message}", err=True)
+
+    session = InjectSession(pid, str(capture), duration_s=duration_s, hooks=available_hooks() if wanted == ["all"] else wanted,
+                            max_rate=max_rate, allow_other_user=allow_other_user, subprocesses=not no_subprocesses,
+                            on_progress=progress)  # fmt: skip
+    previous = signal.signal(signal.SIGINT, lambda *_: session.stop())
+    try:
+        results = session.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    recorded = [r for r in results if r.outcome == "recorded"]
+    for result in results:
+        if result.outcome != "recorded":
+            click.echo(f"latprof: PID {result.pid}: {result.message or result.outcome}", err=True)
+    if not recorded:
+        first = next((r.message for r in results if r.message), "no process was injected")
+        raise CollectorError(first + f" (capture: {capture})")
+    diagnosis = judging.diagnose([capture])
+    print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture))
 
 
 def _attach_progress(duration_s: float) -> Callable[[AttachStats], None]:

@@ -18,7 +18,7 @@ from latprof.cli._common import (
     print_capture_report,
     warmup_option,
 )
-from latprof.errors import CollectorError, ConfigError, LatprofError
+from latprof.errors import CollectorError, LatprofError
 from latprof.semconv import DEFAULT_MAX_RATE
 
 
@@ -78,32 +78,15 @@ def run(
     process it starts loads the hooks (no code change); signals sent to latprof go on to it;
     latprof exits with the command's exit code.
     """
-    from latprof.collectors.hooks.launcher import (
-        available_hooks,
-        describe_hooks,
-        processes_with_hooks,
-        run_with_hooks,
-    )
+    from latprof.collectors.hooks.launcher import describe_hooks, processes_with_hooks, run_with_hooks, select_hooks
+
     if list_hooks:
         for name, summary in describe_hooks():
             click.echo(f"{name:<14} {summary}")
         return
     if not cmd:
         raise click.UsageError("no command: `latprof run [OPTIONS] -- CMD ARGS...` (or `latprof run --list`)")
-    known = available_hooks()
-    wanted = [name.strip() for name in hooks.split(",") if name.strip()]
-    if wanted != ["all"]:
-        unknown = sorted(set(wanted) - set(known))
-        if unknown:
-            raise ConfigError(f"--hooks: no hook {', '.join(unknown)} (known: {', '.join(known)})")
-    disabled = {name.strip() for item in disable for name in item.split(",") if name.strip()}
-    if disabled:
-        unknown = sorted(disabled - set(known))
-        if unknown:
-            raise ConfigError(f"--disable: no hook {', '.join(unknown)} (known: {', '.join(known)})")
-        wanted = [name for name in (known if wanted == ["all"] else wanted) if name not in disabled]
-        if not wanted:
-            raise ConfigError("--disable: every hook is disabled; nothing would be recorded")
+    wanted = select_hooks(hooks, disable)
     judging = Judging(config_path, given_warmup(ctx, warmup_s))  # a bad config stops here, before the service starts
     capture = out or Path(time.strftime("latprof-%Y%m%d-%H%M%S.jsonl"))
     code = run_with_hooks(cmd, capture, hooks=",".join(wanted), max_rate=max_rate)

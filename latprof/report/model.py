@@ -10,7 +10,7 @@ from latprof.analysis.timeline import Timeline
 from latprof.engine import Finding
 from latprof.layers import LAYERS
 from latprof.report.verdict import Verdict, decide_verdict
-from latprof.semconv import NOTE_OVERHEAD
+from latprof.semconv import NOTE_INJECTED, NOTE_OVERHEAD
 
 SCHEMA = "latprof.report/1"
 @dataclass(frozen=True, slots=True)
@@ -124,6 +124,15 @@ def overhead_of(timeline: Timeline) -> dict[str, float | None]:
     return out
 
 
+def injected_processes(timeline: Timeline) -> list[dict[str, Any]]:
+    """`collection.injected`: per process `attach --inject` tried, what happened (its `injected` records)."""
+    out = []
+    for record in timeline.quality:
+        if record.kind == NOTE_INJECTED:
+            out.append(dict(record.attrs))
+    return out
+
+
 def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
     """Assemble the report from an analysis and the findings of its rules."""
     timeline = analysis.timeline
@@ -138,7 +147,7 @@ def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
         "requests": analysis.represented,
     }
     latency = None if lat is None else lat.to_dict()
-    collection = {
+    collection: dict[str, Any] = {
         "collectors": timeline.collectors,
         "coverage": None if analysis.coverage is None else round(analysis.coverage, 4),
         "idle_share": None,
@@ -148,12 +157,16 @@ def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
         "overhead": overhead_of(analysis.timeline),
         "warnings": list(analysis.warnings) + [f.summary for f in findings if f.crashed],
     }
+    injected = injected_processes(timeline)
+    if injected:
+        collection["injected"] = injected
     size = None
     if len(analysis.windows) >= 1:
         size = analysis.windows[0].end_unix_s - analysis.windows[0].start_unix_s
     return Report(
         source={
             "kind": timeline.source_kind,
+            "method": timeline.method,
             "inputs": list(timeline.inputs),
             "pid": pids[0] if len(pids) == 1 else None,
             "pids": pids,

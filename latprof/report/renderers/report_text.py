@@ -62,7 +62,8 @@ def _header(report: Report) -> Text:
     inputs = ", ".join(source.get("inputs") or []) or "-"
     text = Text()
     text.append("latprof", style="bold")
-    text.append(f"  {source['kind']}: {inputs}")
+    how = " (hooks injected into the running service)" if source.get("method") == "inject" else ""
+    text.append(f"  {source['kind']}{how}: {inputs}")
     window = report.window
     if window.get("requests") is not None and window.get("start_unix_s") is not None:
         span = window["end_unix_s"] - window["start_unix_s"]
@@ -202,6 +203,27 @@ def _collection(report: Report) -> Text:
         parts.append(f"overhead {overhead['cpu_percent']:g}% CPU")
     text = Text("What latprof could see: ", style="bold")
     text.append(" · ".join(parts))
+    for process in c.get("injected") or []:
+        text.append("\n  " + _injected(process))
     for warning in c.get("warnings") or []:
         text.append(f"\n  warning: {warning}", style="yellow")
     return text
+
+
+def _injected(process: dict[str, Any]) -> str:
+    """One line per process `attach --inject` tried: what it loaded, how long it held it, how it left."""
+    line = f"injected PID {process.get('pid')} (CPython {process.get('python') or '?'}): {process.get('outcome')}"
+    if process.get("held_ms") is not None:
+        line += f", held {process['held_ms']:.0f} ms"
+    if process.get("hooks"):
+        line += f", {len(process['hooks'])} hooks"
+    detach = process.get("detach") or {}
+    if detach.get("patched") is not None:
+        line += f"; detached: {detach.get('restored')}/{detach.get('patched')} patched attributes restored"
+        if detach.get("modules_imported"):
+            line += f", {len(detach['modules_imported'])} modules left imported"
+    elif detach.get("reason"):
+        line += f"; detach: {detach['reason']}"
+    if process.get("outcome") != "recorded" and process.get("message"):
+        line += f" - {process['message']}"
+    return line
