@@ -20,6 +20,11 @@ module describes what it patches as a `Hook` made of `Library` parts and binds i
   untested (`NOTE_UNTESTED_VERSION`).
 - **Never raises.** Patching a part is all or nothing: when it raises, what it did is undone
   and the error counted for the hook.
+- **Installed late.** A hook may be installed into a process that is already serving
+  (`latprof attach --inject`): a part is applied at once to a library imported long ago, and
+  whatever the library set up at start (an application loaded, a lock created, a function
+  imported under another name) was set up without it. Each hook's `late_coverage()` says in
+  one sentence what it sees and misses then (`Hook.late_coverage` keeps that from raising).
 """
 
 from __future__ import annotations
@@ -134,7 +139,7 @@ class Hook:
         return True
 
     def uninstall(self) -> None:
-        """Undo every patch (tests): the originals are back, the very same objects."""
+        """Undo every patch: the originals are back, the very same objects; never raises."""
         with self.lock:
             self.installed = False
             for library in self.libraries:
@@ -168,9 +173,59 @@ class Hook:
             return False
         return self.replace(owner, name, functools.wraps(original)(make(original)))
 
-    def on_uninstall(self, step: Callable[[], None]) -> None:
-        """Run `step` at `uninstall` (an event listener to remove), before the originals are restored."""
-        self.undo.append((self._current or self.libraries[0], step))
+    def on_uninstall(self, step: Callable[[], None], part: Library | None = None) -> None:
+        """Run `step` at `uninstall` (an event listener to remove), before the originals are restored.
+
+        The step belongs to the part whose `apply` runs, or to `part` (called from elsewhere,
+        such as a wrapper that set up instance state), or to the first part.
+        """
+        with self.lock:
+            self.undo.append((self._current or part or self.libraries[0], step))
+
+    def replace_aliases(self, names: dict[str, tuple[Any, Any]], skip: tuple[str, ...] = ()) -> int:
+        """`replace` the module-level `name` of every imported module where it is `original`, by `wrapper`
+        (`names`: name -> (original, wrapper)); how many were replaced.
+
+        What modules imported before install bound with `from time import sleep`: a hook
+        installed into a process that is already serving finds them bound to the original.
+        latprof's own modules, and modules named in `skip` or under them, are left alone. An
+        alias that cannot be replaced is counted as an error, never fatal to the part.
+        """
+        done = 0
+        for module_name, module in list(sys.modules.items()):
+            if module_name.startswith("latprof.") or module_name in skip or module_name.startswith(tuple(f"{s}." for s in skip)):
+                continue
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for name, (original, wrapper) in names.items():
+                if namespace.get(name) is original:
+                    try:
+                        done += self.replace(module, name, wrapper)
+                    except Exception as exc:
+                        runtime.count_error(self.name, exc)
+        return done
+
+    # --- installed late ----------------------------------------------------------------------
+
+    def imported(self) -> list[str]:
+        """The modules of the hook's parts that the process has imported (its libraries in use)."""
+        return [library.module for library in self.libraries if library.module in sys.modules]
+
+    def loaded(self, label: str) -> str:
+        """"`label` is loaded", or "`label` is not imported in this process" when none of the parts' modules is."""
+        return f"{label} is loaded" if self.imported() else f"{label} is not imported in this process"
+
+    def late_coverage(self, describe: Callable[[], str]) -> str:
+        """One sentence from `describe()` (what the hook sees and misses when installed into a process
+        that is already serving), capitalised and ended; never raises."""
+        try:
+            text = " ".join(str(describe()).split())
+        except Exception as exc:
+            runtime.count_error(self.name, exc)
+            return f"What the {self.name} hook misses when installed late could not be told ({type(exc).__name__})."
+        text = text[:1].upper() + text[1:]
+        return text if text.endswith(".") else text + "."
 
     # --- one part ----------------------------------------------------------------------------
 
@@ -215,7 +270,10 @@ class Hook:
         mine = [entry for entry in self.patched if entry[3] is library]
         self.patched = [entry for entry in self.patched if entry[3] is not library]
         for owner, name, original, _ in reversed(mine):
-            setattr(owner, name, original)
+            try:
+                setattr(owner, name, original)
+            except Exception as exc:  # uninstall never raises: the others are still put back
+                runtime.count_error(self.name, exc)
 
     def _note(self, kind: str, library: Library, versions: list[tuple[str, str, bool]], message: str, attrs: dict[str, Any]) -> None:
         record = QualityRecord(

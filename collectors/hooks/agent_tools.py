@@ -35,6 +35,7 @@ error of the hook is counted, never raised into the service.
 from __future__ import annotations
 
 import contextvars
+import sys
 import time
 from typing import Any, Callable
 
@@ -248,3 +249,15 @@ scaffold = _scaffold.Hook(HOOK, [
 install = scaffold.install
 #: Put every patched attribute back (tests).
 uninstall = scaffold.uninstall
+
+
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+
+    def describe() -> str:
+        loaded = [lib.module.split(".")[0] for lib in scaffold.libraries if lib.module in sys.modules]
+        frameworks = ", ".join(sorted(set(loaded))) or "none of LangChain, the Agents SDK and MCP"
+        return (f"tool calls of the frameworks loaded ({frameworks}) that start after the injection are seen, tools"
+                " defined before it included; calls already running are not")
+
+    return scaffold.late_coverage(describe)

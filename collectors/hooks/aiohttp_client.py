@@ -223,3 +223,11 @@ scaffold = _scaffold.Hook(HOOK, [
 install = scaffold.install
 #: Restore the originals (tests).
 uninstall = scaffold.uninstall
+
+
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: f"{scaffold.loaded('the aiohttp client')}: sessions and connectors made before the injection are seen from"
+        " their next request; responses already being read when it came are not"
+    )

@@ -19,6 +19,9 @@ The same request model as the ASGI hook (`collectors/hooks/_async_request.py`, w
 - **Route** is the method and the matched resource's canonical path (`GET /chat/{id}`), never
   the raw path; `<unmatched>` when the router matched nothing (404, 405).
 - **Status** is that of the response `_handle_request` returns (500 for a handler that raised).
+- **Installed late**: aiohttp looks `_handle_request` up for each request, so every request
+  that starts after the injection is seen, backdated to its arrival; those already running
+  are left out. Uninstall also closes the loop monitors (`asyncio_loop.stop_monitors`).
 """
 
 from __future__ import annotations
@@ -57,11 +60,20 @@ scaffold = _scaffold.Hook(HOOK, [
     _scaffold.Library("aiohttp.web_protocol",
                       [_scaffold.Target("aiohttp.web_protocol", "RequestHandler", "_handle_request", True)],
                       _patch, [_scaffold.Tested("aiohttp", "3.14", "3.14")]),
-])  # fmt: skip
+], asyncio_loop.stop_monitors)  # fmt: skip
 #: Patch aiohttp's request handler when (if ever) the service imports it; idempotent.
 install = scaffold.install
-#: Restore the original method (tests).
+#: Restore the original method and close the loop monitors.
 uninstall = scaffold.uninstall
+
+
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: ("aiohttp.web is loaded" if scaffold.imported() else "aiohttp.web is not imported in this process")
+        + ": every request its handlers start after the injection is recorded from its arrival at the socket,"
+        " requests already running are left out"
+    )
 
 
 def _track(handler: Any, web_request: Any, coro: Any, weight: int) -> Any:

@@ -48,6 +48,11 @@ One request root per HTTP request, backdated to when its bytes reached the serve
   router matched nothing, `<no route>` for applications without Starlette's router.
 - **End** is when the application sent its last body message (uvicorn writes it to the
   transport right away; when the transport's buffer is full, after it drained).
+- **Installed late** (into a uvicorn that is already serving): uvicorn looks `run_asgi` up on
+  each request's cycle, so every request parsed after the injection is seen, backdated to its
+  arrival (see `asyncio_loop`: a new monitor counts as lagging until its probe ticked), and
+  the requests already running are left out (their cycle's `send` is not wrapped). Uninstall
+  also closes the loop monitors (`asyncio_loop.stop_monitors`).
 """
 
 from __future__ import annotations
@@ -177,11 +182,23 @@ scaffold = _scaffold.Hook(HOOK, [
     ),
     _scaffold.Library("anyio.to_thread", [_T("anyio.to_thread", "", "run_sync", True)], _patch_to_thread,
                       [_scaffold.Tested("anyio", "4.16", "4.16")]),
-])  # fmt: skip
+], asyncio_loop.stop_monitors)  # fmt: skip
 #: Patch uvicorn and anyio when (if ever) the service imports them; idempotent.
 install = scaffold.install
-#: Restore the originals (tests); requests in flight still finish.
+#: Restore the originals and close the loop monitors; requests in flight still finish.
 uninstall = scaffold.uninstall
+
+
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+
+    def describe() -> str:
+        protocols = [name.rpartition(".")[2] for name in scaffold.imported() if name.startswith("uvicorn.")]
+        serving = f"uvicorn's {', '.join(protocols)} protocol is loaded" if protocols else "uvicorn is not imported in this process"
+        return (f"{serving}: every request uvicorn parses after the injection is recorded from its arrival at the socket,"
+                " requests already running are left out, and anyio thread-pool waits are seen for calls made after it")
+
+    return scaffold.late_coverage(describe)
 
 
 # --- one request -------------------------------------------------------------------------------

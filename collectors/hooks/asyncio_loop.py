@@ -30,6 +30,15 @@ the coroutines a request runs.
 
 Bounded: a few hundred intervals per loop, no threads, nothing is kept per finished request.
 The monitor of a loop starts on its first request; there is nothing to install globally.
+
+- **Installed late** (into a loop that is already serving): a loop's monitor starts with the
+  first request an inbound hook records on it. Until its probe has ticked once it cannot tell
+  whether the loop is late, so `lagging` says it is: the first requests are backdated to their
+  arrival (TCP_INFO) even when they queued behind a block that began before the injection.
+- **Uninstall** (`stop_monitors`, also run when the ASGI or aiohttp.web hook is uninstalled)
+  closes every monitor: on the loop's own thread its pending tick is cancelled and the loop's
+  previous task factory is put back, if latprof's is still the one set. A monitor also closes
+  itself at its next tick once recording stopped. Requests already tracked still finish.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import itertools
+import threading
 import time
 import types
 import weakref
@@ -129,6 +139,8 @@ class LoopMonitor:
         self._window_max_ns = 0
         self._window_reported = False  # a block was written as a reading of its own this period
         self._running = False
+        self.closed = False  # for good (`close`): never ticks again, a new monitor replaces it
+        self._measured = False  # a tick ran: the probe can tell whether the loop is late
         self._handle: Any = None  # the pending tick
         self._interval_s = IDLE_PROBE_INTERVAL_S
         self.in_flight = 0  # requests begun and not finished on this loop
@@ -144,8 +156,8 @@ class LoopMonitor:
     # --- the probe -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start ticking on the loop (call on the loop's thread); idempotent."""
-        if self._running:
+        """Start ticking on the loop (call on the loop's thread); idempotent. Never after `close`."""
+        if self._running or self.closed:
             return
         loop = self._loop_ref()
         if loop is None:
@@ -165,7 +177,7 @@ class LoopMonitor:
     def request_started(self) -> None:
         """A request arrived: tick often from now on (at once if the probe was idling)."""
         self.in_flight += 1
-        if self._interval_s != PROBE_INTERVAL_S and self._running:
+        if self._interval_s != PROBE_INTERVAL_S and self._running and not self.closed:
             loop = self._loop_ref()
             if loop is None:
                 return
@@ -179,6 +191,10 @@ class LoopMonitor:
             self.in_flight -= 1
 
     def _tick(self) -> None:
+        if self.closed:
+            self._running = False
+            return
+        self._measured = True
         try:
             self.cpu_mark = _thread_time_ns()
             self.short_ns = 0
@@ -200,8 +216,11 @@ class LoopMonitor:
         except Exception as exc:
             runtime.count_error(HOOK, exc)
         loop = self._loop_ref()
-        if loop is None or not runtime.active():
+        if loop is None:
             self._running = False
+            return
+        if not runtime.active():  # recording stopped: leave the loop as it was
+            self.close()
             return
         try:
             self._schedule(loop)
@@ -225,9 +244,11 @@ class LoopMonitor:
 
         True when the pending tick is that late already (the loop is busy, or was blocked
         just now and has not got to the tick), or when a tick was that late in about the last
-        `LAG_MEMORY_NS`. A readable socket waits for the loop like a due timer does.
+        `LAG_MEMORY_NS`. A readable socket waits for the loop like a due timer does. Also True
+        until the probe's first tick: a monitor started on a loop that was already serving
+        (hooks installed late) cannot tell yet, and its first requests may have queued.
         """
-        if self.lag_recent_ns >= threshold_ns:
+        if self.lag_recent_ns >= threshold_ns or not self._measured:
             return True
         return self._running and _monotonic_ns() - self._due_ns >= threshold_ns
 
@@ -247,6 +268,19 @@ class LoopMonitor:
             self._late(late, now)
             self._remember_lag(late, now)
             self._due_ns = mono
+
+    def close(self) -> None:
+        """Stop for good: cancel the pending tick and put the loop's previous task factory back,
+        if latprof's is still the one set. Call on the loop's thread (or while it is not running)."""
+        self.closed = True
+        self._running = False
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.cancel()
+        factory, self.task_factory = self.task_factory, None
+        loop = self._loop_ref()
+        if loop is not None and factory is not None and not loop.is_closed() and loop.get_task_factory() is factory:
+            loop.set_task_factory(_not_latprofs(factory))
 
     def _blocked(self, start: int, end: int) -> None:
         """A late tick: the loop ran nothing else in [start, end]. Split it by whose steps ran there.
@@ -415,7 +449,9 @@ class TimedCoroutine(Coroutine):  # type: ignore[type-arg]
 # --- loops ----------------------------------------------------------------------------------
 
 _monitors: weakref.WeakKeyDictionary[Any, LoopMonitor] = weakref.WeakKeyDictionary()
+_monitors_lock = threading.Lock()  # taken on a loop's first request and by `stop_monitors`, never per request
 _last: tuple[Any, LoopMonitor | None] = (lambda: None, None)  # (weakref to the loop, its monitor)
+_PREVIOUS = "_latprof_previous"  # on latprof's task factory: the factory it chains to
 
 
 def monitor(loop: Any) -> LoopMonitor | None:
@@ -426,17 +462,18 @@ def monitor(loop: Any) -> LoopMonitor | None:
     """
     global _last
     ref, found = _last
-    if ref() is loop and found is not None:
+    if ref() is loop and found is not None and not found.closed:
         mon = found
     else:
         if not runtime.active():
             return None
         try:
-            known = _monitors.get(loop)
-            mon = known if known is not None else LoopMonitor(loop)
+            with _monitors_lock:
+                known = _monitors.get(loop)
+                if known is None or known.closed:
+                    known = _monitors[loop] = LoopMonitor(loop)
+            mon = known
             runtime.saw(HOOK)
-            if known is None:
-                _monitors[loop] = mon
             _last = (weakref.ref(loop), mon)
         except TypeError:  # a loop that cannot be weakly referenced: not monitored
             return None
@@ -452,7 +489,7 @@ def _install_task_factory(loop: Any, mon: LoopMonitor) -> None:
     """Time the tasks created while a request owns the context; leave every other task alone."""
     import asyncio
 
-    previous = loop.get_task_factory()
+    previous = _not_latprofs(loop.get_task_factory())  # not the factory of a monitor closed since
     task_class = asyncio.Task
 
     owner_of_context = _owner.get
@@ -465,12 +502,71 @@ def _install_task_factory(loop: Any, mon: LoopMonitor) -> None:
             return previous(loop, coro, **kwargs)
         return task_class(coro, loop=loop, **kwargs)
 
-    latprof_task_factory._latprof_previous = previous  # type: ignore[attr-defined]
+    setattr(latprof_task_factory, _PREVIOUS, previous)
     loop.set_task_factory(latprof_task_factory)
     mon.task_factory = latprof_task_factory
 
 
+def _not_latprofs(factory: Any) -> Any:
+    """`factory`, or the first factory down its chain that is not latprof's (None: the loop's default)."""
+    while factory is not None and hasattr(factory, _PREVIOUS):
+        factory = getattr(factory, _PREVIOUS)
+    return factory
+
+
+def monitors() -> list[LoopMonitor]:
+    """The monitors of the loops watched now (not closed)."""
+    with _monitors_lock:
+        return [mon for mon in _monitors.values() if not mon.closed]
+
+
+def stop_monitors() -> None:
+    """Close every monitor (see `LoopMonitor.close`) on its loop's thread, and forget them; never raises.
+
+    A loop that is not running is closed from here; a running one through
+    `call_soon_threadsafe` (at once when called on that loop's own thread). A loop's next
+    request under an inbound hook that is still installed starts a new monitor.
+    """
+    global _last
+    try:
+        _last = (lambda: None, None)
+        with _monitors_lock:
+            found = list(_monitors.items())
+            _monitors.clear()
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+        return
+    for loop, mon in found:
+        try:
+            mon.closed = True  # from now on it never ticks again, whatever runs first
+            if loop.is_closed():
+                continue
+            if not loop.is_running() or _running_loop() is loop:
+                mon.close()
+            else:
+                loop.call_soon_threadsafe(mon.close)
+        except RuntimeError:  # closed meanwhile: nothing of ours runs on it any more
+            pass
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+
+
+def _running_loop() -> Any:
+    import asyncio
+
+    return asyncio._get_running_loop()
+
+
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: "each event loop is watched from the first request an inbound hook records on it after the injection"
+        f" ({len(monitors())} watched now): blocks before that, and tasks spawned by requests already running, are not seen"
+    )
+
+
 #: Nothing to patch globally: an inbound hook starts the monitor of a loop on its first request.
-scaffold = _scaffold.Hook(HOOK, [])
+#: Uninstall closes every monitor (their probes and task factories).
+scaffold = _scaffold.Hook(HOOK, [], stop_monitors)
 install = scaffold.install
 uninstall = scaffold.uninstall

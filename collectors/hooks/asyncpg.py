@@ -207,6 +207,14 @@ install = scaffold.install
 uninstall = scaffold.uninstall
 
 
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: f"{scaffold.loaded('asyncpg')}: pools and connections made before the injection are seen from their next"
+        " acquire or statement, but connections acquired before it have no hold"
+    )
+
+
 # --- pools: names and state -------------------------------------------------------------------
 
 

@@ -156,6 +156,14 @@ def uninstall() -> None:
     scaffold.uninstall()
 
 
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: f"{scaffold.loaded('httpx')}: clients and pools made before the injection are seen from their next request"
+        " (pools numbered in the order they are first seen after it); requests and streams already under way are not"
+    )
+
+
 def _core_patcher(family: _Family) -> Callable[[Any], None]:
     def patch_core(module: Any) -> None:
         sync = importlib.import_module(f"{family.core}._sync.connection_pool")

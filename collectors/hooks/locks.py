@@ -8,7 +8,10 @@
   `Condition`, `Event`, `Semaphore`, `Barrier`) and by latprof stay native: waiting on an
   Event, a Condition's notification or a Future is waiting for work, not contention, and
   `Condition.wait` re-acquires through the lock's own `_acquire_restore`, which is not timed.
-  Locks created before `install()` (modules imported earlier) are not seen.
+  Locks created before `install()` (modules imported earlier) are not seen. The names `Lock`
+  and `RLock` that modules imported earlier bound to the factories (`from threading import
+  Lock`) are pointed at the wrappers too, so that the locks those modules create after
+  install are (what matters when the hook is installed into a process already serving).
 - **threading.Semaphore** (and BoundedSemaphore) and **asyncio.Lock / asyncio.Semaphore** are
   Python classes: their `acquire` is patched in place, with the same fast path (`locked()` /
   a non-blocking acquire first).
@@ -20,6 +23,8 @@
   the cost is the wrapper's call.
 - **Cost.** Every acquire and release of a wrapped lock pays a Python call (see
   `benchmarks/bench_locks.py`); contended ones also pay for the clock and the segment.
+- **Uninstall** restores the factories; locks created meanwhile stay wrapped and keep working,
+  but time nothing any more.
 """
 
 from __future__ import annotations
@@ -110,8 +115,8 @@ def _note_wait(kind: str, site: str | Callable[[], str], start_ns: int, end_ns: 
 
 
 def _timing() -> bool:
-    """Whether a contended acquire now is worth timing: in a request, not inside our own bookkeeping."""
-    return runtime.current_request() is not None and not getattr(_recording, "active", False)
+    """Whether a contended acquire now is worth timing: hook installed, in a request, not inside our own bookkeeping."""
+    return scaffold.installed and runtime.current_request() is not None and not getattr(_recording, "active", False)
 
 
 class _TimedLock:
@@ -277,9 +282,14 @@ async def _timed_acquire(acquiring: Any, kind: str, caller: Any) -> Any:
 
 
 def _patch_threading(module: Any) -> None:
-    scaffold.replace(module, "Lock", _Factory(_native_lock, _TimedLock, "Lock"))
-    scaffold.replace(module, "RLock", _Factory(_native_rlock, _TimedRLock, "RLock"))
+    factories = {"Lock": _Factory(_native_lock, _TimedLock, "Lock"), "RLock": _Factory(_native_rlock, _TimedRLock, "RLock")}
+    natives = {name: vars(module)[name] for name in factories}
+    for name, factory in factories.items():
+        scaffold.replace(module, name, factory)
     _patch_acquire(module.Semaphore, "threading.Semaphore", _threading_semaphore_acquire)
+    # `from threading import Lock` in modules imported before install (the skipped modules' locks stay native)
+    scaffold.replace_aliases({name: (natives[name], factories[name]) for name in factories},
+                             skip=("threading", "_thread", "importlib"))
 
 
 _T = _scaffold.Target
@@ -294,5 +304,13 @@ scaffold = _scaffold.Hook(HOOK, [
 ])  # fmt: skip
 #: Replace the lock factories and patch the semaphores and asyncio locks; idempotent.
 install = scaffold.install
-#: Restore the factories and methods (tests). Locks created meanwhile stay wrapped, and keep working.
+#: Restore the factories and methods (tests). Locks created meanwhile stay wrapped, keep working, and time nothing.
 uninstall = scaffold.uninstall
+
+
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: "threading locks created before the injection are not timed, only those created after it;"
+        " threading semaphores and asyncio locks and semaphores are, whenever they were created"
+    )

@@ -28,6 +28,12 @@ Patch points, each wrapped once and only on the class that defines it (`uninstal
 
 The same classes and names exist in the openai 2.x line (on httpx) and the 3.x line (on httpx2).
 Outside a request nothing is recorded, and every error of the hook is counted, never raised.
+
+Installed late: a resource's `with_raw_response` / `with_streaming_response` object binds the
+resource's `create` when first used and is cached on it, so the calls through one the service
+used before the injection are not seen; and one made while the hook was installed keeps the
+wrapper after `uninstall`, which then hands every call on untouched (`_begin` checks that the
+hook is installed).
 """
 
 from __future__ import annotations
@@ -107,6 +113,7 @@ def _patch_responses(module: Any) -> None:
 def _reset() -> None:
     global _stream_classes
     _stream_classes = ()
+    _raw_pending.clear()  # (their calls still end when their response is collected)
 
 
 _T = _scaffold.Target
@@ -134,6 +141,16 @@ scaffold = _scaffold.Hook(HOOK, [
 install = scaffold.install
 #: Put every patched attribute back (tests); calls already in flight still finish.
 uninstall = scaffold.uninstall
+
+
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: ("the openai client is loaded" if scaffold.imported() else "the openai client is not imported in this process")
+        + ": calls that clients made before the injection start after it are seen, except through a"
+        " with_raw_response or with_streaming_response object the service had already used (it keeps the unpatched"
+        " method), and streams already being read are not"
+    )
 
 
 # --- one LLM call ------------------------------------------------------------------------------
@@ -247,7 +264,7 @@ def _server_of(resource: Any) -> str | None:
 def _begin(resource: Any, kwargs: dict[str, Any], observe: Callable[[_Call, Any], None]) -> _Call | None:
     """A call to record, or None outside a request (or when the hook fails)."""
     state = runtime.current_request()
-    if state is None or not runtime.active() or _in_call.get():
+    if state is None or not runtime.active() or _in_call.get() or not scaffold.installed:
         return None
     try:
         return _Call(state, kwargs, resource, observe)

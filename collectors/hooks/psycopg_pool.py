@@ -166,6 +166,14 @@ install = scaffold.install
 uninstall = scaffold.uninstall
 
 
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: f"{scaffold.loaded('psycopg_pool')}: pools made before the injection are seen from their next checkout"
+        " (gauges included), but connections checked out before it have no hold and those opened before it no connect time"
+    )
+
+
 # --- pools: names and state -------------------------------------------------------------------
 
 

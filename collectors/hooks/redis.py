@@ -260,6 +260,14 @@ install = scaffold.install
 uninstall = scaffold.uninstall
 
 
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: f"{scaffold.loaded('redis-py')}: clients and pools made before the injection are seen from their next"
+        " command, but a pipeline, transaction or pubsub that held its connection since before has no hold"
+    )
+
+
 def _sync_targets() -> list[tuple[type, str, Callable[..., Any]]]:
     import redis.client as client
     import redis.connection as connection

@@ -1,9 +1,12 @@
 """Sleeps inside a request: the backoff of tenacity, backoff and hand-written retry loops (`retry`).
 
-- **Where.** `time.sleep` and `asyncio.sleep` are replaced at interpreter start by wrappers
-  (code that did `from time import sleep` earlier keeps the original). Outside a request,
-  or for sleeps under `MIN_SLEEP_S` (`asyncio.sleep(0)` yields the loop), the wrapper hands
-  the call on and costs a check; `asyncio.sleep` then returns the original coroutine.
+- **Where.** `time.sleep` and `asyncio.sleep` are replaced at interpreter start by wrappers,
+  and so are the names `sleep` and `_sleep` of modules imported before that bound them
+  (`from time import sleep`: redis-py's retry, psycopg's waiting; not asyncio's own modules),
+  which matters when the hook is installed into a process that is already serving; other
+  names bound to them earlier keep the original. Outside a request, or for sleeps under
+  `MIN_SLEEP_S` (`asyncio.sleep(0)` yields the loop), the wrapper hands the call on and costs
+  a check; `asyncio.sleep` then returns the original coroutine.
 - **What.** A sleep of a request is a segment named `sleep`. Called by tenacity or backoff
   (retry libraries: every sleep of theirs is a backoff) it is `retry` at once, with
   `latprof.retry.library`. Otherwise it has no layer (it owns no time, like a marker) and
@@ -33,14 +36,24 @@ RETRY_LIBRARIES = frozenset({"tenacity", "backoff", "retrying", "stamina", "urll
 _time_ns = time.time_ns
 
 
+#: Module names that may hold a `sleep` bound before install (`from time import sleep`).
+ALIASES = ("sleep", "_sleep")
+
+
 def _patch_time(module: Any) -> None:
-    scaffold.replace(module, "sleep", _make_sleep(module.sleep))
+    original = module.sleep
+    sleep = _make_sleep(original)
+    if scaffold.replace(module, "sleep", sleep):
+        scaffold.replace_aliases({alias: (original, sleep) for alias in ALIASES})
 
 
 def _patch_asyncio(module: Any) -> None:
-    sleep = _make_async_sleep(module.tasks.sleep)
+    original = module.tasks.sleep
+    sleep = _make_async_sleep(original)
     if scaffold.replace(module.tasks, "sleep", sleep):
         scaffold.replace(module, "sleep", sleep)  # `asyncio.sleep` is asyncio.tasks.sleep, re-exported
+        # (not asyncio's own modules: their sleep(0) only yields the loop)
+        scaffold.replace_aliases({alias: (original, sleep) for alias in ALIASES}, skip=("asyncio",))
 
 
 _T = _scaffold.Target
@@ -54,6 +67,18 @@ scaffold = _scaffold.Hook(HOOK, [
 install = scaffold.install
 #: Restore the originals (tests).
 uninstall = scaffold.uninstall
+
+
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+
+    def describe() -> str:
+        aliases = sum(1 for owner, _, _, _ in scaffold.patched if owner.__name__ not in ("time", "asyncio", "asyncio.tasks"))
+        return ("sleeps of a recorded request through time.sleep and asyncio.sleep are seen from the injection on, and"
+                f" through the {aliases} name(s) `sleep` that modules imported before had bound to them; a sleep function"
+                " kept under any other name before the injection is not seen")
+
+    return scaffold.late_coverage(describe)
 
 
 def _library(depth: int) -> str | None:

@@ -30,6 +30,11 @@ returning True, bypasses these methods and is not timed.)
 - the checkout time as the OpenTelemetry histogram `db.client.connection.wait_time`, through
   `opentelemetry-api` only (a no-op unless the service configured an SDK).
 
+Installed late (into a process already serving), the engines made before install were not
+tagged by `Engine.__init__`: a pool first seen without a name is named from the engine found on
+the stack of its first checkout (`Engine.raw_connection` holds it), once per pool, so pools
+keep their `postgresql://host:port/db` name and `db.system.name` whenever they were made.
+
 Segments are recorded only inside a request. Nothing happens until SQLAlchemy is imported,
 and every wrapper and callback counts its own errors instead of raising into the service.
 The hot paths are kept cheap: the cheapest test first, one clock reading per event reused
@@ -42,6 +47,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import re
+import sys
 import time
 import types
 from typing import Any, Callable
@@ -203,6 +209,15 @@ install = scaffold.install
 uninstall = scaffold.uninstall
 
 
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: ("SQLAlchemy is loaded" if scaffold.imported() else "SQLAlchemy is not imported in this process")
+        + ": engines and pools made before the injection are seen from their next checkout, named after their engine;"
+        " checkouts, statements and connections already checked out when it came are not"
+    )
+
+
 # --- pools: names and state -------------------------------------------------------------------
 
 
@@ -230,9 +245,35 @@ def _tag_pool(engine: Any) -> None:
 def _pool_state(pool: Any) -> _PoolState:
     state: _PoolState | None = pool.__dict__.get(_STATE_ATTR)
     if state is None:  # a pool no engine of ours was built on (made before install, or standalone)
-        fallback = _PoolState(f"sqlalchemy {type(pool).__name__} {id(pool):x}", None)
-        state = pool.__dict__.setdefault(_STATE_ATTR, fallback)
+        engine = _engine_on_stack(pool)
+        if engine is not None:
+            found = _PoolState(pool_name(engine.url), system_name(engine.dialect))
+        else:
+            found = _PoolState(f"sqlalchemy {type(pool).__name__} {id(pool):x}", None)
+        state = pool.__dict__.setdefault(_STATE_ATTR, found)
     return state
+
+
+#: How many frames up `_engine_on_stack` looks (Engine.connect -> ... -> Pool._do_get is about 10).
+ENGINE_SEARCH_DEPTH = 24
+
+
+def _engine_on_stack(pool: Any) -> Any:
+    """The engine whose pool is `pool`, from a frame of the calling thread (`Engine.raw_connection`'s
+    `self`, under a checkout); None when none is there. Called once per pool first seen unnamed."""
+    from sqlalchemy.engine import Engine
+
+    frame: Any = sys._getframe(1)
+    for _ in range(ENGINE_SEARCH_DEPTH):
+        if frame is None:
+            break
+        code = frame.f_code
+        if code.co_argcount and code.co_varnames[0] == "self" and str(frame.f_globals.get("__name__", "")).startswith("sqlalchemy."):
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, Engine) and candidate.pool is pool:
+                return candidate
+        frame = frame.f_back
+    return None
 
 
 def _wrap_engine_init(original: Callable[..., None]) -> Callable[..., None]:

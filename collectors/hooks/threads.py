@@ -72,6 +72,14 @@ install = scaffold.install
 uninstall = scaffold.uninstall
 
 
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+    return scaffold.late_coverage(
+        lambda: "work a recorded request hands to a ThreadPoolExecutor (pools made before the injection included) or to a"
+        " thread it starts is followed from the injection on; threads and tasks already running are not"
+    )
+
+
 # --- ThreadPoolExecutor --------------------------------------------------------------------------
 
 

@@ -32,11 +32,19 @@ One request root per HTTP request, backdated to when its bytes reached the serve
   path; `<unmatched>` when Flask matched nothing, `<no route>` for other applications.
 - A request already open in this context (a WSGI app mounted inside an ASGI one) is not
   opened again.
+- **Installed late** (into a worker that is already serving): the worker ran `load_wsgi`
+  long ago, so when the gunicorn part is applied the running workers of this process are
+  found (the frames of its threads whose `self` is a gunicorn `Worker`: the main thread runs
+  `worker.run()`) and their `worker.wsgi` is wrapped there and then. Requests the worker
+  starts after that are recorded from their arrival; those already being handled run on in
+  the application they began in, unrecorded. Uninstall puts each worker's application back
+  (when `worker.wsgi` is still the wrapper).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
@@ -72,19 +80,67 @@ _enqueued: dict[int, int] = {}
 def _patch_worker(module: Any) -> None:
     cls = module.Worker
     original = cls.__dict__["load_wsgi"]
+    part = scaffold._current
 
     def load_wsgi(self: Any) -> Any:
         result = original(self)
         try:
-            app = getattr(self, "wsgi", None)
-            if app is not None and getattr(app, _scaffold.MARK, None) is None:
-                self.wsgi = wrap_app(app, server="gunicorn", threaded=type(self).__name__ == "ThreadWorker")
+            _wrap_worker(self, part)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
         return result
 
     functools.update_wrapper(load_wsgi, original)
     scaffold.replace(cls, "load_wsgi", load_wsgi)
+    for worker in running_workers(cls):  # installed late: the workers loaded their application already
+        _wrap_worker(worker, part)
+
+
+def _wrap_worker(worker: Any, part: _scaffold.Library | None) -> None:
+    """Wrap the worker's WSGI application (once), and put it back at uninstall if it is still the wrapper."""
+    app = getattr(worker, "wsgi", None)
+    if app is None or getattr(app, _scaffold.MARK, None) is not None:
+        return
+    wrapped = wrap_app(app, server="gunicorn", threaded=type(worker).__name__ == "ThreadWorker")
+    worker.wsgi = wrapped
+
+    def unwrap() -> None:
+        if vars(worker).get("wsgi") is wrapped:
+            worker.wsgi = app
+        _enqueued.clear()  # (gthread's hand-off times: nothing reads them any more)
+
+    scaffold.on_uninstall(unwrap, part)
+
+
+def running_workers(cls: type) -> list[Any]:
+    """The gunicorn workers (instances of `cls`, `gunicorn.workers.base.Worker`) running in this process
+    whose WSGI application is loaded the way `Worker.load_wsgi` loads it.
+
+    Found in the frames of this process's threads: the main thread of a worker runs
+    `worker.run()`, a gthread worker's threads `worker.handle(...)`. Only frames of gunicorn's
+    worker modules are looked at, and only their first argument.
+    """
+    found: dict[int, Any] = {}
+    for top in sys._current_frames().values():
+        frame: Any = top
+        while frame is not None:
+            code = frame.f_code
+            if code.co_argcount and code.co_varnames[0] == "self" and \
+                    str(frame.f_globals.get("__name__", "")).startswith("gunicorn.workers."):  # fmt: skip
+                worker = frame.f_locals.get("self")
+                if isinstance(worker, cls) and id(worker) not in found and _loads_like(type(worker), cls):
+                    found[id(worker)] = worker
+            frame = frame.f_back
+    return list(found.values())
+
+
+def _loads_like(worker_class: type, cls: type) -> bool:
+    """Whether workers of `worker_class` load their application with `cls.load_wsgi` (sync, gthread: a
+    WSGI callable), not a `load_wsgi` of their own (gunicorn's ASGI worker)."""
+    for klass in worker_class.__mro__:
+        if "load_wsgi" in vars(klass):
+            return klass is cls
+    return False
 
 
 def _patch_gthread(module: Any) -> None:
@@ -284,7 +340,28 @@ scaffold = _scaffold.Hook(HOOK, [
     _scaffold.Library("flask.ctx", [_T("flask.ctx", "RequestContext", "match_request", False)], _patch_flask,
                       [_scaffold.Tested("flask", "3.1", "3.1")]),
 ])  # fmt: skip
-#: Patch gunicorn's workers and Flask when (if ever) the service imports them; idempotent.
+#: Patch gunicorn's workers and Flask when (if ever) the service imports them (now, if it already
+#: did: then also the running workers' applications); idempotent.
 install = scaffold.install
-#: Restore the originals (tests); an application wrapped already stays wrapped.
+#: Restore the originals, and each worker's own application.
 uninstall = scaffold.uninstall
+
+
+def late_coverage() -> str:
+    """What the hook sees, and misses, when installed into a process that is already serving."""
+
+    def describe() -> str:
+        base = sys.modules.get("gunicorn.workers.base")
+        if base is None:
+            return ("no gunicorn worker runs in this process (gunicorn is not imported): WSGI applications are seen only"
+                    " when a gunicorn worker loads them")
+        workers = running_workers(base.Worker)
+        if not workers:
+            return ("gunicorn is loaded but no worker of it runs in this process (its master?): requests are served by"
+                    " the worker processes, each of which needs the hooks itself")
+        return (f"found {len(workers)} running gunicorn worker(s) in this process, whose application is wrapped: requests they"
+                " start after the injection are recorded from their arrival at the socket, those already being handled are"
+                " left out, and in a gthread worker a connection handed to the thread pool before the injection counts its"
+                " whole wait as accept backlog")  # fmt: skip
+
+    return scaffold.late_coverage(describe)
