@@ -7,10 +7,27 @@ asyncpg 0.29, redis-py 5) in an environment of their own. Skips are failures her
 test that skips has not tested that line.
 """
 
+import glob
+import os
+
 import nox
 
 nox.options.default_venv_backend = "venv"
-nox.options.sessions = ["hooks_legacy"]
+nox.options.sessions = ["hooks_legacy", "inject_pythons"]
+
+
+def _pyenv(version: str) -> str:
+    """CPython `version` as pyenv installed it (its shims answer only for the global version), else from PATH."""
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    found = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
+    return found[-1] if found else f"python{version}"
+
+
+#: `attach --inject` is tested on every supported CPython (3.11 from pyenv is the README command's): pyenv's builds (shared libpython) and
+#: Debian's own python3 package (libpython linked statically into a non-PIE executable).
+INJECT_PYTHONS = [_pyenv(v) for v in ("3.10", "3.12", "3.13")] + (
+    ["/usr/bin/python3.11"] if os.path.exists("/usr/bin/python3.11") else []
+)
 
 
 @nox.session
@@ -31,3 +48,11 @@ def hooks_legacy(session: nox.Session) -> None:
         "--deselect", "tests/collectors/hooks/test_agent_tools_hook.py::test_agents_sdk_function_tools_run_in_parallel_with_their_call_ids",
         *session.posargs, env={"LATPROF_FORBID_SKIPS": "1"},
     )  # fmt: skip
+
+
+@nox.session(python=INJECT_PYTHONS)
+def inject_pythons(session: nox.Session) -> None:
+    """tests/inject with the service, latprof and the injection all on one CPython line (skips fail)."""
+    session.install("-e", ".", "pytest", "jsonschema", "uvicorn", "-c", "tests/constraints.txt")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/inject", *session.posargs,
+                env={"LATPROF_FORBID_SKIPS": "1"})  # fmt: skip

@@ -41,6 +41,8 @@ LEASE_S = 10.0
 THREAD_NAME = "latprof-inject"
 #: How often the thread looks for `stop`, the lease and the deadline.
 POLL_S = 0.1
+#: After the hooks are out, requests still in flight have this long to end and be written.
+FINISH_S = 1.0
 
 Status = Callable[..., None]
 
@@ -121,6 +123,9 @@ def _detach(installed: list[str], writer: CaptureWriter | None) -> None:
         except Exception as exc:
             runtime.count_error(hook, exc)
     runtime.forget_imports()
+    # Requests that started while the hooks were in still end through their wrappers: give
+    # them a moment to write their roots, rather than leave their segments without one.
+    time.sleep(FINISH_S)
     runtime.report_errors(force=True)
     runtime.stop()
     if writer is not None:

@@ -99,6 +99,7 @@ def run_demo(
     loop: str = "auto",
     max_rate: float | None = None,
     attach: bool = False,
+    inject: bool = False,
 ) -> DemoResult:
     """Run `scenario` end to end and diagnose it; the capture is kept at `capture`.
 
@@ -106,8 +107,13 @@ def run_demo(
     "auto" lets uvicorn pick (httptools and uvloop when installed). `max_rate` is `latprof
     run --max-rate` (None: its default, far above any scenario's rate). `attach`: start the
     service plainly and diagnose it with `latprof attach` over the load instead (`max_rate` and
-    `warmup_s` do not apply: attach records no requests).
+    `warmup_s` do not apply: attach records no requests). `inject`: start it plainly and record
+    it with `latprof attach --inject` over the load (no warm-up is skipped: the hooks come in
+    after it).
     """
+    if attach and inject:
+        raise ConfigError("attach and inject: choose one")
+    plainly = attach or inject
     spec = get_scenario(scenario)
     if http not in HTTP_IMPLEMENTATIONS:
         raise ConfigError(f"http={http!r}: choose one of {', '.join(HTTP_IMPLEMENTATIONS)}")
@@ -152,7 +158,7 @@ def run_demo(
                 "--port", str(port), "--log-level", "warning", "--no-access-log",
                 "--http", http, "--loop", loop,
             ]  # fmt: skip
-            cmd = service if attach else [
+            cmd = service if plainly else [
                 sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture),
                 *(["--max-rate", f"{max_rate:g}"] if max_rate is not None else []), "--", *service,
             ]  # fmt: skip
@@ -173,7 +179,7 @@ def run_demo(
                     say(
                         f"service up on {base_url} (pid {proc.pid}); {spec.rate_rps:g} requests/s for {seconds:g} s"
                     )
-                    sampler = _start_attach(proc.pid, capture, seconds, workdir) if attach else None
+                    sampler = _start_attach(proc.pid, capture, seconds, workdir, inject) if plainly else None
                     load = drive(
                         base_url,
                         spec.path,
@@ -198,7 +204,7 @@ def run_demo(
                     f"the demo service wrote no capture (exit {code}): {_tail(log_path)}"
                 )
         say(f"capture written to {capture}; diagnosing")
-        diagnosis = run_diagnosis([capture], warmup_s=warmup_s)
+        diagnosis = run_diagnosis([capture], warmup_s=None if inject else warmup_s)
     return DemoResult(spec, capture, diagnosis, load)
 
 
@@ -206,11 +212,12 @@ def run_demo(
 ATTACH_START_S = 1.0
 
 
-def _start_attach(pid: int, capture: Path, seconds: float, workdir: Path) -> subprocess.Popen[bytes]:
-    """`latprof attach --pid` over the load: it samples while the load runs and ends with it."""
+def _start_attach(pid: int, capture: Path, seconds: float, workdir: Path, inject: bool = False) -> subprocess.Popen[bytes]:
+    """`latprof attach --pid` (`--inject`) over the load: it samples (records) while the load runs and ends with it."""
     duration = max(1.0, seconds - ATTACH_START_S)
     cmd = [sys.executable, "-m", "latprof", "attach", "--pid", str(pid), "--duration", f"{duration:g}",
-           "--out", str(capture), "--format", "json", "--output", str(workdir / "attach-report.json")]  # fmt: skip
+           "--out", str(capture), "--format", "json", "--output", str(workdir / "attach-report.json"),
+           *(["--inject"] if inject else [])]  # fmt: skip
     with open(workdir / "attach.log", "wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
 

@@ -45,6 +45,8 @@ LOAD_S = 20.0
 DETACH_S = 10.0
 #: The watchdog's deadline in each process: this long after latprof means to stop it.
 WATCHDOG_GRACE_S = 10.0
+#: What the code in the process says, in order (`latprof.inject.payload`, `latprof.collectors.hooks.injected`).
+_STATES = ("alive", "recording", "refused", "not-importable", "failed", "detached")
 
 
 @dataclass
@@ -172,7 +174,7 @@ class InjectSession:
             result.outcome = "exited" if not os.path.exists(f"/proc/{target.pid}") else "failed"
             return result
         result.held_ms = injection.held_ms
-        status = self._wait_status(workspace, name, ("alive", "refused"), now + SAFE_POINT_S + 0.5)
+        status = self._wait_status(workspace, name, _STATES, now + SAFE_POINT_S + 0.5)  # any: it may be past alive
         if status is None:
             workspace.remove(payload_file)  # the queued code finds no payload when it runs: nothing happens
             status = workspace.read_json(f"status-{name}.json")  # it may have started in between

@@ -161,6 +161,7 @@ def workers(pid: int) -> list[int]:
     import psutil
 
     from latprof.collectors.attach.procfs import socket_inodes, tcp_rows
+    from latprof.collectors.attach.pyspy import is_python
 
     mine = socket_inodes([pid])
     listening = {row.inode for row in tcp_rows(pid) if row.state == "0A" and row.inode in mine}
@@ -170,21 +171,4 @@ def workers(pid: int) -> list[int]:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
-    found = []
-    for child in children:
-        try:
-            if "python" not in os.path.basename(child.exe()).lower() and not _maps_libpython(child.pid):
-                continue
-        except psutil.Error:
-            continue
-        if socket_inodes([child.pid]) & listening:
-            found.append(child.pid)
-    return sorted(found)
-
-
-def _maps_libpython(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            return any("libpython" in line for line in f)
-    except OSError:
-        return False
+    return sorted(child.pid for child in children if is_python(child.pid) and socket_inodes([child.pid]) & listening)
