@@ -332,13 +332,16 @@ def _patch_flask(module: Any) -> None:
 _T = _scaffold.Target
 #: What the hook patches, each part when (if ever) its module is imported, in the lines the
 #: README's command installs.
+#: In this order: installed into a serving process, the route (Flask) and the thread-pool hand-off
+#: are patched before the running worker's application is wrapped, so that no request it
+#: records lacks them.
 scaffold = _scaffold.Hook(HOOK, [
-    _scaffold.Library("gunicorn.workers.base", [_T("gunicorn.workers.base", "Worker", "load_wsgi", False)], _patch_worker,
-                      [_scaffold.Tested("gunicorn", "27.0", "27.0")]),
-    _scaffold.Library("gunicorn.workers.gthread", [_T("gunicorn.workers.gthread", "ThreadWorker", "enqueue_req", False)],
-                      _patch_gthread, [_scaffold.Tested("gunicorn", "27.0", "27.0")]),
     _scaffold.Library("flask.ctx", [_T("flask.ctx", "RequestContext", "match_request", False)], _patch_flask,
                       [_scaffold.Tested("flask", "3.1", "3.1")]),
+    _scaffold.Library("gunicorn.workers.gthread", [_T("gunicorn.workers.gthread", "ThreadWorker", "enqueue_req", False)],
+                      _patch_gthread, [_scaffold.Tested("gunicorn", "27.0", "27.0")]),
+    _scaffold.Library("gunicorn.workers.base", [_T("gunicorn.workers.base", "Worker", "load_wsgi", False)], _patch_worker,
+                      [_scaffold.Tested("gunicorn", "27.0", "27.0")]),
 ])  # fmt: skip
 #: Patch gunicorn's workers and Flask when (if ever) the service imports them (now, if it already
 #: did: then also the running workers' applications); idempotent.

@@ -305,3 +305,35 @@ def test_a_server_master_is_never_injected(tmp_path: Path) -> None:
     finally:
         master.terminate()
         master.wait(20)
+
+
+@pytest.mark.parametrize("worker", ["sync", "gthread"])
+def test_gunicorn_workers_are_injected_and_record_their_requests(tmp_path: Path, worker: str) -> None:
+    """Through the master's PID: each worker (not the master) is injected, the running worker's
+    application is wrapped, and every worker's requests are recorded with their Flask route."""
+    from attach.procs import gunicorn
+
+    port = free_port()
+    extra = ["--threads", "4"] if worker == "gthread" else []
+    master = start_server(gunicorn(port, "-k", worker, "-w", "2", *extra), port)
+    try:
+        with load(port, "/chat/7?ms=5", clients=6) as failures:
+            time.sleep(0.5)
+            done = subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(master.pid), "--inject",
+                                   "--duration", "3", "--format", "json", "--out", str(tmp_path / "c.jsonl")],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+        workers = targets.workers(master.pid)
+    finally:
+        master.terminate()
+        master.wait(20)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    injected = report["collection"]["injected"]
+    assert sorted(p["pid"] for p in injected) == sorted(workers) and master.pid not in workers
+    assert {p["outcome"] for p in injected} == {"recorded"}
+    assert all("running gunicorn worker" in p["coverage"]["wsgi"] for p in injected), [p["coverage"]["wsgi"] for p in injected]
+    assert all(p["detach"]["restored"] == p["detach"]["patched"] > 0 for p in injected)
+    requests = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines() if '"type":"request"' in line]
+    assert {r["pid"] for r in requests} == set(workers)  # both workers recorded
+    assert {r["route"] for r in requests} == {"GET /chat/<int:chat_id>"}
+    assert failures == [0]

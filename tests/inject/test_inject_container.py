@@ -97,6 +97,9 @@ def test_a_uvicorn_in_its_own_namespaces_with_its_own_tmp_is_injected_by_its_hos
             load.kill()
         if load is not None:
             load.wait()
+            for pipe in (load.stdin, load.stdout):
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
         if pid:
             os.kill(pid, signal.SIGKILL)
         else:
