@@ -105,8 +105,9 @@ def _max_rate(value: str | None) -> float:
 
 
 def _announce_after_fork() -> None:
-    """A forked worker (gunicorn) inherits the hooks: say so in its own records too."""
-    if runtime.active():
+    """A forked worker (gunicorn) inherits the hooks: say so in its own records too (not a child
+    of a process latprof injected into: it drops them, `injected._leave_child`)."""
+    if runtime.active() and not runtime.injected:
         runtime.emit(
             QualityRecord(
                 NOTE_HOOKS_LOADED,

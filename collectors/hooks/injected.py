@@ -18,6 +18,9 @@ its own, `latprof-inject` (what py-spy and `threading.enumerate()` show):
    ends. Its last status says how many patched attributes are back, which threads remain,
    and which modules were imported while it ran (they stay imported: unloading modules is not
    safe). Fork handlers that the imported modules registered stay registered and do nothing.
+
+A child the process forks while its hooks are in (multiprocessing, a pre-fork pool) drops
+them at once (`_leave_child`): nothing would remove them there.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def _run(config: dict[str, Any], status: Status, modules_before: frozenset[str])
         writer = CaptureWriter(f"{folder}/capture-{name}.jsonl", source="run",
                                header_extra={"method": "inject", "target_pid": config.get("target_pid")})  # fmt: skip
         runtime.start(writer)
+        runtime.injected = True
         runtime.configure_sampling(float(config.get("max_rate", runtime.DEFAULT_MAX_RATE)))
         installed = bootstrap.install_hooks([n for n in config["hooks"] if n in bootstrap.HOOKS])
         coverage = {hook: _coverage(hook) for hook in installed}
@@ -117,19 +121,44 @@ def _wait(folder: str, deadline: float) -> str:
 
 
 def _detach(installed: list[str], writer: CaptureWriter | None) -> None:
-    for hook in reversed(installed):
-        try:
-            bootstrap.HOOKS[hook].uninstall()
-        except Exception as exc:
-            runtime.count_error(hook, exc)
+    _uninstall(installed)
     runtime.forget_imports()
     # Requests that started while the hooks were in still end through their wrappers: give
     # them a moment to write their roots, rather than leave their segments without one.
     time.sleep(FINISH_S)
     runtime.report_errors(force=True)
     runtime.stop()
+    runtime.injected = False
     if writer is not None:
         writer.close()
+
+
+def _uninstall(installed: list[str]) -> None:
+    for hook in reversed(installed):
+        try:
+            bootstrap.HOOKS[hook].uninstall()
+        except Exception as exc:
+            runtime.count_error(hook, exc)
+
+
+def _leave_child() -> None:
+    """In a child the injected process forked while recording: no watchdog runs here and
+    latprof never asked for it, so the hooks go at once and nothing is recorded."""
+    if not runtime.injected:
+        return
+    try:
+        writer = runtime._writer
+        _uninstall([name for name, module in bootstrap.HOOKS.items() if getattr(module, "scaffold").installed])
+        runtime.forget_imports()
+        runtime.stop()
+        runtime.injected = False
+        if writer is not None:
+            writer.close()
+    except Exception:
+        pass
+
+
+os.register_at_fork(after_in_child=_leave_child)
 
 
 def _coverage(hook: str) -> str:

@@ -78,6 +78,9 @@ _request: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar("
 _parent: contextvars.ContextVar[str | None] = contextvars.ContextVar("latprof_parent", default=None)
 
 _writer: Any = None  # a CaptureWriter once started; Any keeps this module free of its import cost
+#: The hooks were loaded into a running process (`latprof attach --inject`): a child it forks
+#: drops them (`latprof.collectors.hooks.injected`), it is nobody's to watch.
+injected = False
 _pid = os.getpid()
 _id_prefix = ""
 _ids: Iterator[int] = itertools.count(1)

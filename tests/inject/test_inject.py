@@ -55,6 +55,33 @@ def stop(proc: subprocess.Popen[str]) -> None:
     proc.communicate()
 
 
+def test_no_signal_handler_is_installed_and_forked_children_record_nothing(tmp_path: Path) -> None:
+    proc = start_target("plain", tmp_path)
+    try:
+        before = ask(tmp_path)
+        capture = tmp_path / "c.jsonl"
+        runner = session(proc.pid, capture, duration_s=3)
+        done: list[object] = []
+        thread = __import__("threading").Thread(target=lambda: done.append(runner.run()))
+        thread.start()
+        while not runner._recording and thread.is_alive():  # noqa: SLF001
+            time.sleep(0.05)
+        during = ask(tmp_path)
+        thread.join()
+        after = ask(tmp_path)
+    finally:
+        stop(proc)
+    assert during["signals"] == before["signals"] == after["signals"]
+    assert "latprof-inject" in during["threads"]
+    # A child forked while the hooks are in drops them: nothing would remove them there.
+    assert during["forked"] == {"threads": ["MainThread"], "recording": False}
+    assert after["threads"] == before["threads"] == ["MainThread"]
+    assert after["forked"] == {"threads": ["MainThread"], "recording": False}  # its fork handlers did nothing
+    assert after["latprof_modules"] and after["meta_path"] == before["meta_path"]
+    pids = {json.loads(line).get("pid") for line in capture.read_text().splitlines() if line.strip()}
+    assert pids == {proc.pid}, pids  # the children wrote nothing into the capture
+
+
 def session(pid: int, out: Path, duration_s: float = 2, **kwargs: object) -> InjectSession:
     return InjectSession(pid, str(out), duration_s=duration_s, hooks=bootstrap.hook_names(), max_rate=0, **kwargs)  # type: ignore[arg-type]
 
