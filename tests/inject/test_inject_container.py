@@ -66,8 +66,12 @@ def _needs() -> None:
 def test_a_uvicorn_in_its_own_namespaces_with_its_own_tmp_is_injected_by_its_host_pid(tmp_path):
     _needs()
     port = free_port()
-    service = (f"mount -t tmpfs tmpfs /tmp && ip link set lo up && exec {sys.executable} -m uvicorn"
-               f" tests.inject.apps.ids_app:app --port {port} --http h11 --loop asyncio --log-level warning")  # fmt: skip
+    # A /tmp of its own; a repository that lives under /tmp (a CI clone) is bound back into it.
+    keep = ""
+    if ROOT.is_relative_to("/tmp"):
+        keep = f"mkdir -p {ROOT} && mount --bind /mnt/{ROOT.relative_to('/tmp')} {ROOT} && "
+    service = (f"mount --bind /tmp /mnt && mount -t tmpfs tmpfs /tmp && {keep}ip link set lo up && exec {sys.executable}"
+               f" -m uvicorn tests.inject.apps.ids_app:app --port {port} --http h11 --loop asyncio --log-level warning")  # fmt: skip
     box = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--mount", "--net", "--", "sh", "-c", service],
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     load, pid = None, 0
@@ -76,6 +80,7 @@ def test_a_uvicorn_in_its_own_namespaces_with_its_own_tmp_is_injected_by_its_hos
         while not pid:
             children = psutil.Process(box.pid).children()
             pid = children[0].pid if children else 0
+            assert box.poll() is None, f"the container did not start: {box.communicate()[1]}"
             assert time.monotonic() < deadline, "unshare made no child"
             time.sleep(0.05)
         load = subprocess.Popen(["nsenter", f"--target={pid}", "--net", sys.executable, "-c", LOAD, str(port), "/work", "4"],

@@ -29,7 +29,7 @@ from latprof.demo.run import normalize_dsn
 from latprof.inject.session import InjectSession
 from latprof.semconv import DEFAULT_MAX_RATE
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 SOAK_S = float(os.environ.get("LATPROF_SOAK_SECONDS", "60"))
 RATE_RPS = 40.0

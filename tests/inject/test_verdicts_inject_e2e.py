@@ -12,7 +12,7 @@ import pytest
 from latprof.demo.run import run_demo
 from latprof.demo.scenarios import SCENARIOS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 DEMO_SECONDS = float(os.environ.get("LATPROF_TEST_DEMO_SECONDS", "10"))
 
