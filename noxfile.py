@@ -54,6 +54,6 @@ def hooks_legacy(session: nox.Session) -> None:
 def inject_pythons(session: nox.Session) -> None:
     """The injection's tests with the service, latprof and the injection all on one CPython line (skips fail);
     the demo faults and the soak (which need the demo's libraries) run in the README's environment."""
-    session.install("-e", ".", "pytest", "jsonschema", "uvicorn", "-c", "tests/constraints.txt")
+    session.install("-e", ".", "pytest", "jsonschema", "uvicorn", "gunicorn", "flask", "-c", "tests/constraints.txt")
     tests = session.posargs or ["tests/inject/test_inject.py", "tests/inject/test_inject_container.py"]
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, env={"LATPROF_FORBID_SKIPS": "1"})
