@@ -119,7 +119,7 @@ def main() -> None:
                                     max_rate=DEFAULT_MAX_RATE)  # fmt: skip
             thread = threading.Thread(target=session.run)
             thread.start()
-            while not session._recording:  # noqa: SLF001  (the benchmark waits for the hooks to be in)
+            while not session.recording:  # the hooks are in
                 time.sleep(0.05)
             during = rounds([plain, run, inject], args.rounds, args.seconds, args.connections)
             session.stop()

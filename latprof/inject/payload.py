@@ -19,7 +19,7 @@ mixed into a live service) and is the same protocol version; then
 `latprof.collectors.hooks.injected` takes over.
 
 **The lease.** latprof touches `lease` every `LEASE_TOUCH_S`; the target removes its hooks
-when the lease is older than `LEASE_S` (latprof died), when `stop` appears, or at its own
+when the lease is older than `injected.LEASE_S` (latprof died), when `stop` appears, or at its own
 deadline, whichever comes first.
 """
 
@@ -33,12 +33,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from latprof.collectors.hooks.injected import LEASE_S, PROTOCOL
+from latprof.collectors.hooks.injected import PROTOCOL
 from latprof.errors import CollectorError
 
-__all__ = ["LEASE_S", "LEASE_TOUCH_S", "PROTOCOL", "Workspace", "bootstrap", "payload"]
+__all__ = ["LEASE_TOUCH_S", "PROTOCOL", "Workspace", "bootstrap", "payload"]
 
-#: latprof touches the lease this often (the target detaches when it is `LEASE_S` old).
+#: latprof touches the lease this often (the target detaches when it is `injected.LEASE_S` old).
 LEASE_TOUCH_S = 1.0
 _DIR_PREFIX = "latprof-inject-"
 

@@ -33,7 +33,7 @@ from latprof.capture.format import encode, make_header
 from latprof.errors import CollectorError, InputError
 from latprof.events import QualityRecord
 from latprof.inject import target as targets
-from latprof.inject.mechanism import Injection, injector_for
+from latprof.inject.mechanism import Injection, Injector, injector_for
 from latprof.inject.payload import LEASE_TOUCH_S, PROTOCOL, Workspace, bootstrap, payload
 from latprof.semconv import NOTE_INJECTED
 
@@ -101,6 +101,11 @@ class InjectSession:
         """End the recording early (Ctrl-C); what was recorded is kept."""
         self._stop.set()
 
+    @property
+    def recording(self) -> list[Injected]:
+        """The processes whose hooks are recording now (or were, once the session ended)."""
+        return [result for result, _ in self._recording]
+
     def processes(self) -> list[int]:
         """The processes to inject: the workers of a server master, else the process itself."""
         if not os.path.exists(f"/proc/{self.pid}"):
@@ -113,7 +118,7 @@ class InjectSession:
 
     def run(self) -> list[Injected]:
         pids = self.processes()
-        checked = [self._check(pid) for pid in pids]  # every refusal before anything is touched
+        checked = [self._check(pid) for pid in pids]  # every refusal before anything is touched (target, injector)
         try:
             self._write(b"")  # the capture must be writable before any process is changed
         except OSError as exc:
@@ -121,11 +126,11 @@ class InjectSession:
         lease = threading.Thread(target=self._renew, name="latprof-inject-lease", daemon=True)
         lease.start()
         try:
-            for index, target in enumerate(checked):
+            for index, (target, injector) in enumerate(checked):
                 if self._stop.is_set():
                     break
                 remaining = len(checked) - index - 1
-                self.results.append(self._inject(target, f"p{index}", remaining))
+                self.results.append(self._inject(target, injector, f"p{index}", remaining))
             if self._recording:
                 self.on_progress(f"recording in {len(self._recording)} process(es) for {self.duration_s:g} s")
                 self._stop.wait(self.duration_s)
@@ -140,13 +145,13 @@ class InjectSession:
 
     # -- one process ---------------------------------------------------------------------------
 
-    def _check(self, pid: int) -> targets.Target:
+    def _check(self, pid: int) -> tuple[targets.Target, Injector]:
         target = targets.inspect(pid)
-        injector_for(target)  # refuses what it does not support
+        injector = injector_for(target)  # refuses what it does not support
         if target.uid != os.geteuid() and not self.allow_other_user:
             raise CollectorError(f"PID {pid} runs as another user (uid {target.uid}): its hooks would run latprof's code"
                                  " with that user's rights; pass --allow-other-user to inject anyway")  # fmt: skip
-        return target
+        return target, injector
 
     def _workspace(self, target: targets.Target) -> Workspace:
         key = (target.root, target.uid, target.gid)
@@ -155,7 +160,7 @@ class InjectSession:
             self._workspaces[key].touch("lease")
         return self._workspaces[key]
 
-    def _inject(self, target: targets.Target, name: str, remaining: int) -> Injected:
+    def _inject(self, target: targets.Target, injector: Injector, name: str, remaining: int) -> Injected:
         result = Injected(target.pid, name, "failed", python=target.version)
         workspace = self._workspace(target)
         now = time.time()
@@ -167,7 +172,7 @@ class InjectSession:
         path = workspace.write(payload_file, payload(config).encode())
         self.on_progress(f"injecting into PID {target.pid} (CPython {target.version})")
         try:
-            injection: Injection = injector_for(target).inject(target, bootstrap(path))
+            injection: Injection = injector.inject(target, bootstrap(path))
         except CollectorError as exc:
             workspace.remove(payload_file)
             result.message = str(exc)

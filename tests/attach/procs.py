@@ -60,10 +60,16 @@ def end(proc: subprocess.Popen[str]) -> None:
     proc.communicate()
 
 
-def start_server(command: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a server (`command`, listening on 127.0.0.1:`port`) and wait until GET /health answers."""
-    proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+def start_server(command: list[str], port: int, env: dict[str, str] | None = None, log: Path | None = None
+                 ) -> subprocess.Popen[bytes]:  # fmt: skip
+    """Start a server (`command`, listening on 127.0.0.1:`port`; its output into `log`, when given)
+    and wait until GET /health answers."""
+    if log is not None:
+        with open(log, "wb") as out:  # the child keeps its own descriptor
+            proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+    else:
+        proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 20
     while True:
         try:
@@ -154,3 +160,45 @@ def attach_under_load(tmp_path: Path, gunicorn_args: list[str], path: str, clien
     assert report["verdict"] == again["verdict"] and report["layers"] == again["layers"]
     assert report["window"]["requests"] is None and report["latency_ms"] is None
     return report, again
+
+
+#: The load of the container tests, run inside the service's network namespace (`nsenter --net`):
+#: wait for /health, then `clients` threads request `path` until stdin closes; then print how
+#: many requests failed (`FAILURES n`).
+NAMESPACE_LOAD = """
+import sys, threading, time, urllib.request
+port, path, clients = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+deadline = time.monotonic() + 30
+while True:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit("the service never answered")
+        time.sleep(0.1)
+failures = [0]
+def client():
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
+        except OSError:
+            failures[0] += 1
+            time.sleep(0.05)
+for _ in range(clients):
+    threading.Thread(target=client, daemon=True).start()
+print("LOADING", flush=True)
+sys.stdin.read()
+print("FAILURES", failures[0], flush=True)
+"""
+
+
+def needs_namespaces() -> None:
+    """Skip unless new PID, mount and network namespaces can be made here (root, unshare, nsenter, ip)."""
+    import shutil
+
+    if os.geteuid() != 0:
+        pytest.skip("new PID, mount and network namespaces need root")
+    missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (util-linux, iproute2)")

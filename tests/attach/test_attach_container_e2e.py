@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,44 +23,9 @@ import time
 import psutil
 import pytest
 
-from attach.procs import ROOT, free_port, gunicorn
+from attach.procs import NAMESPACE_LOAD, ROOT, free_port, gunicorn, needs_namespaces
 
 pytestmark = pytest.mark.slow  # a real server in namespaces of its own, sampled from outside
-
-#: The load, run inside the service's network namespace: wait for /health, then `clients`
-#: threads request `path` until stdin closes.
-LOAD = """
-import sys, threading, time, urllib.request
-port, path, clients = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-deadline = time.monotonic() + 30
-while True:
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-        break
-    except OSError:
-        if time.monotonic() > deadline:
-            sys.exit("the service never answered")
-        time.sleep(0.1)
-def client():
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
-        except OSError:
-            time.sleep(0.05)
-for _ in range(clients):
-    threading.Thread(target=client, daemon=True).start()
-print("LOADING", flush=True)
-sys.stdin.read()
-"""
-
-
-def _needs() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("new PID and network namespaces need root")
-    missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (util-linux, iproute2)")
-
 
 def _only_child(pid: int, timeout_s: float = 10.0) -> int:
     """The PID of `pid`'s child once it has one (unshare --fork's child: PID 1 of the new namespace)."""
@@ -75,7 +39,7 @@ def _only_child(pid: int, timeout_s: float = 10.0) -> int:
 
 
 def test_a_gunicorn_in_its_own_pid_mount_and_network_namespaces_is_attached_by_its_host_pid(tmp_path):
-    _needs()
+    needs_namespaces()
     port = free_port()  # free on the host too: were the host's sockets read, nothing would listen on it
     service = shlex.join(gunicorn(port, "-k", "gthread", "--threads", "6", "-w", "1"))
     box = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--net", "--", "sh", "-c",
@@ -84,7 +48,7 @@ def test_a_gunicorn_in_its_own_pid_mount_and_network_namespaces_is_attached_by_i
     load, master = None, 0
     try:
         master = _only_child(box.pid)
-        load = subprocess.Popen(["nsenter", f"--target={master}", "--net", sys.executable, "-c", LOAD, str(port),
+        load = subprocess.Popen(["nsenter", f"--target={master}", "--net", sys.executable, "-c", NAMESPACE_LOAD, str(port),
                                  "/locked?ms=50", "6"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
         assert load.stdout is not None and load.stdout.readline().startswith("LOADING"), "no load inside the namespace"
         time.sleep(1.0)

@@ -64,7 +64,7 @@ def test_no_signal_handler_is_installed_and_forked_children_record_nothing(tmp_p
         done: list[object] = []
         thread = __import__("threading").Thread(target=lambda: done.append(runner.run()))
         thread.start()
-        while not runner._recording and thread.is_alive():  # noqa: SLF001
+        while not runner.recording and thread.is_alive():
             time.sleep(0.05)
         during = ask(tmp_path)
         thread.join()

@@ -19,52 +19,14 @@ import time
 
 import psutil
 import pytest
-from attach.procs import ROOT, free_port
+from attach.procs import NAMESPACE_LOAD, ROOT, free_port, needs_namespaces
 
 from latprof.inject import target as targets
 
 pytestmark = pytest.mark.slow
 
-#: Inside the service's network namespace: wait for /health, then `clients` threads request
-#: `path` until stdin closes, counting failures (printed at the end).
-LOAD = """
-import sys, threading, time, urllib.request
-port, path, clients = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-deadline = time.monotonic() + 30
-while True:
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-        break
-    except OSError:
-        if time.monotonic() > deadline:
-            sys.exit("the service never answered")
-        time.sleep(0.1)
-failures = [0]
-def client():
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
-        except OSError:
-            failures[0] += 1
-            time.sleep(0.05)
-for _ in range(clients):
-    threading.Thread(target=client, daemon=True).start()
-print("LOADING", flush=True)
-sys.stdin.read()
-print("FAILURES", failures[0], flush=True)
-"""
-
-
-def _needs() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("new PID, mount and network namespaces need root")
-    missing = [tool for tool in ("unshare", "nsenter", "ip") if subprocess.run(["which", tool], capture_output=True).returncode]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (util-linux, iproute2)")
-
-
 def test_a_uvicorn_in_its_own_namespaces_with_its_own_tmp_is_injected_by_its_host_pid(tmp_path):
-    _needs()
+    needs_namespaces()
     port = free_port()
     # A /tmp of its own; a repository that lives under /tmp (a CI clone) is bound back into it.
     keep = ""
@@ -83,7 +45,7 @@ def test_a_uvicorn_in_its_own_namespaces_with_its_own_tmp_is_injected_by_its_hos
             assert box.poll() is None, f"the container did not start: {box.communicate()[1]}"
             assert time.monotonic() < deadline, "unshare made no child"
             time.sleep(0.05)
-        load = subprocess.Popen(["nsenter", f"--target={pid}", "--net", sys.executable, "-c", LOAD, str(port), "/work", "4"],
+        load = subprocess.Popen(["nsenter", f"--target={pid}", "--net", sys.executable, "-c", NAMESPACE_LOAD, str(port), "/work", "4"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
         assert load.stdout is not None and load.stdout.readline().startswith("LOADING"), "no load inside the namespace"
         done = subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(pid), "--inject", "--duration", "3",

@@ -11,7 +11,6 @@ patched attribute is back.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from attach.procs import ROOT, free_port
+from attach.procs import free_port, start_server
 from services import PG_DSN, require_pg
 
 from latprof.collectors.hooks.bootstrap import hook_names
@@ -44,25 +43,13 @@ def test_soak_injected_under_steady_load_then_detached(tmp_path: Path) -> None:
     require_pg()
     with Provider(ProviderConfig(ttft_ms=30.0, tpot_ms=2.0, output_tokens=8)) as provider:
         port = free_port()
-        env = {**os.environ, "LATPROF_DEMO_DSN": normalize_dsn(PG_DSN), "LATPROF_DEMO_POOL_SIZE": "10",
+        env = {"LATPROF_DEMO_DSN": normalize_dsn(PG_DSN), "LATPROF_DEMO_POOL_SIZE": "10",
                "LATPROF_DEMO_PROVIDER_URL": provider.url}  # fmt: skip
         log = tmp_path / "service.log"
-        with open(log, "wb") as out:
-            service = subprocess.Popen([sys.executable, "-m", "uvicorn", "latprof.demo.service:app", "--port", str(port),
-                                        "--log-level", "warning", "--no-access-log"],
-                                       cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        service = start_server([sys.executable, "-m", "uvicorn", "latprof.demo.service:app", "--port", str(port),
+                                "--log-level", "warning", "--no-access-log"], port, env, log)  # fmt: skip
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    import urllib.request
-
-                    urllib.request.urlopen(f"{base}/health", timeout=1).read()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline and service.poll() is None, log.read_text()
-                    time.sleep(0.1)
             warm = drive(base, "/chat-released", RATE_RPS, 10, progress=None)  # warm-up: pools, imports, caches
             assert warm.errors == 0, warm.error_samples
             rss_before = _rss_mb(service.pid)
@@ -70,9 +57,9 @@ def test_soak_injected_under_steady_load_then_detached(tmp_path: Path) -> None:
                                     max_rate=DEFAULT_MAX_RATE)  # fmt: skip
             runner = threading.Thread(target=session.run)
             runner.start()
-            while not session._recording and runner.is_alive():  # noqa: SLF001  (wait for the hooks to be in)
+            while not session.recording and runner.is_alive():  # wait for the hooks to be in
                 time.sleep(0.05)
-            assert session._recording, session.results  # noqa: SLF001
+            assert session.recording, session.results
             load = drive(base, "/chat-released", RATE_RPS, SOAK_S, progress=None)
             time.sleep(1.5)  # the last requests' roots reach the writer
             session.stop()

@@ -33,7 +33,7 @@ import uvloop
 from recording import recording
 from services import PG_DSN, require_pg
 
-from apps.harness import ROOT, Capture, Pending, free_port, get
+from apps.harness import ROOT, Capture, Pending, free_port, get, wait_healthy
 from latprof.capture.reader import read_captures
 from latprof.capture.writer import THREAD_NAME as WRITER_THREAD
 from latprof.collectors.hooks import _scaffold, asyncio_loop, bootstrap, locks, runtime, sleeps
@@ -46,7 +46,6 @@ from latprof.semconv import DB_POOL_NAME, DB_SYSTEM_NAME, NOTE_ERROR
 ALL_HOOKS = sorted(bootstrap.HOOKS)
 #: How close a request's recorded start must be to when the client sent it (its arrival).
 ARRIVAL_TOLERANCE_MS = 100  # the queued requests wait about 1 s: recorded from the handler, they would miss by that
-START_TIMEOUT_S = 30.0
 CONTROL_TIMEOUT_S = 30.0
 
 
@@ -79,17 +78,9 @@ class LateService:
         env = {**os.environ, "LATE_CONTROL_DIR": str(self.control), "LATE_PG": PG_DSN}
         self.proc = subprocess.Popen([a.format(port=self.port) for a in self.command], cwd=ROOT, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the service exited with {self.proc.returncode}: {self.output()}")
-            try:
-                if get(self.port, "/health", timeout=1.0).status == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"the service did not start: {self.output()}")
+        if not wait_healthy(self.proc, self.port, self.output):
+            raise AssertionError(f"the service did not start: {self.output()}")
+        return self
 
     def ask(self, name: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the control file `name`; the service's answer (`name.json`)."""

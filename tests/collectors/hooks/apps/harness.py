@@ -75,18 +75,10 @@ class Server:
         ]  # fmt: skip
         self.log = open(self.workdir / "server.log", "wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}: {self.output()}")
-            try:
-                if get(self.address, "/health", timeout=1.0).status == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.kill()
-        raise AssertionError(f"server did not answer within {START_TIMEOUT_S} s: {self.output()}")
+        if not wait_healthy(self.proc, self.address, self.output):
+            self.kill()
+            raise AssertionError(f"server did not answer within {START_TIMEOUT_S} s: {self.output()}")
+        return self
 
     def stop(self) -> int:
         """SIGTERM to latprof (it forwards it to uvicorn); the exit code."""
@@ -202,6 +194,22 @@ class Pending:
         head, _, body = raw.partition(b"\r\n\r\n")
         status = int(head.split(b" ", 2)[1]) if head else 0
         return Response(status, body, self.sent_ns, time.time_ns())
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], address: int | str, output: Any) -> bool:
+    """Wait until the server `proc` answers GET /health at `address` (True), or `START_TIMEOUT_S`
+    passed (False); an `AssertionError` with `output()` when it exits first."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}: {output()}")
+        try:
+            if get(address, "/health", timeout=1.0).status == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
 
 
 def get(address: int | str, path: str, timeout: float = IO_TIMEOUT_S, **kw) -> Response:
