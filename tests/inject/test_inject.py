@@ -29,12 +29,15 @@ pytestmark = pytest.mark.slow
 
 
 def start_target(mode: str, folder: Path, *args: str, python: list[str] | None = None,
-                 preexec: object = None) -> subprocess.Popen[str]:  # fmt: skip
-    proc = subprocess.Popen([*(python or [sys.executable]), str(TARGETS), mode, str(folder), *args], text=True,
+                 preexec: object = None, script: Path = TARGETS) -> subprocess.Popen[str]:  # fmt: skip
+    proc = subprocess.Popen([*(python or [sys.executable]), str(script), mode, str(folder), *args], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec)  # type: ignore[arg-type]  # fmt: skip
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    assert line.startswith("READY"), (line, proc.stderr.read() if proc.stderr else "")
+    if not line.startswith("READY"):
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"the target did not start: {line!r} {err}")
     return proc
 
 
@@ -168,10 +171,16 @@ def test_another_users_process_needs_the_flag(tmp_path: Path) -> None:
     status there (and says latprof is not installed in its environment)."""
     import tempfile
 
+    import shutil
+
     folder = Path(tempfile.mkdtemp(prefix="latprof-test-"))
     folder.chmod(0o777)
+    script = folder / TARGETS.name  # that user may not reach the repository (a clone in a 0700 directory)
+    shutil.copy(TARGETS, script)
+    script.chmod(0o644)
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-    proc = start_target("plain", folder, python=[python, "-S"], preexec=lambda: (os.setgid(65534), os.setuid(65534)))
+    proc = start_target("plain", folder, python=[python, "-S"], preexec=lambda: (os.setgid(65534), os.setuid(65534)),
+                        script=script)  # fmt: skip
     try:
         with pytest.raises(CollectorError, match="--allow-other-user"):
             session(proc.pid, tmp_path / "c.jsonl").run()
@@ -181,8 +190,6 @@ def test_another_users_process_needs_the_flag(tmp_path: Path) -> None:
         assert ask(folder)["latprof_modules"] == []
     finally:
         stop(proc)
-        import shutil
-
         shutil.rmtree(folder, ignore_errors=True)
 
 
