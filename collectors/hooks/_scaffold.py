@@ -139,10 +139,12 @@ class Hook:
         return True
 
     def uninstall(self) -> None:
-        """Undo every patch: the originals are back, the very same objects; never raises."""
+        """Undo every patch: the originals are back, the very same objects; never raises. The parts in
+        the reverse of their install order, so that what a later part relies on stays until that part is
+        gone (wsgi: a request a gunicorn worker starts while it is still wrapped gets its Flask route)."""
         with self.lock:
             self.installed = False
-            for library in self.libraries:
+            for library in reversed(self.libraries):
                 self._unpatch(library)
             self.done.clear()
             if self._reset is not None:

@@ -47,6 +47,9 @@ class Injection:
     thread: int
     in_syscall: bool
     threads: int
+    #: The calls were made by hand, with the general-purpose registers alone (`_gdb_inject.py`'s notes):
+    #: gdb could not write the vector registers (gdb < 14 on a CPU with AMX), or `by_hand` asked for it.
+    calls_by_hand: bool = False
 
 
 class Injector(Protocol):
@@ -77,14 +80,16 @@ class GdbInjector:
 
     name = "gdb"
 
-    def __init__(self, gdb: str | None = None, timeout_s: float = GDB_TIMEOUT_S) -> None:
+    def __init__(self, gdb: str | None = None, timeout_s: float = GDB_TIMEOUT_S, by_hand: bool = False) -> None:
         self.gdb = gdb or shutil.which("gdb")
         self.timeout_s = timeout_s
+        #: Make the calls by hand even where gdb's own calls work (tests run both ways).
+        self.by_hand = by_hand
 
     def inject(self, target: Target, code: str) -> Injection:
         if not self.gdb:
             raise CollectorError("--inject needs gdb: install it (Debian/Ubuntu: apt-get install gdb; Fedora: dnf install gdb)")
-        orders = {"pid": target.pid, "addresses": target.addresses, "code": code.encode().hex()}
+        orders = {"pid": target.pid, "addresses": target.addresses, "code": code.encode().hex(), "by_hand": self.by_hand}
         env = dict(os.environ, LATPROF_GDB_ORDERS=json.dumps(orders))
         for name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP"):  # gdb's own Python, not the caller's
             env.pop(name, None)
@@ -116,8 +121,11 @@ class GdbInjector:
             if "no such process" in message.lower():
                 raise CollectorError(f"PID {target.pid} exited")
             raise CollectorError(f"gdb could not attach to PID {target.pid}: {message[:300]}")
+        if result.get("registers_not_put_back"):
+            raise CollectorError(f"injecting into PID {target.pid} failed and its registers could not all be put back"
+                                 f" ({str(result.get('error'))[:300]}): the process may fail; check it")  # fmt: skip
         if result.get("error") or not result.get("queued"):
             raise CollectorError(f"injecting into PID {target.pid} failed: {str(result.get('error'))[:300]}; the process"
                                  " was detached unchanged")  # fmt: skip
         return Injection(self.name, float(result["held_ms"]), int(result["thread"]), bool(result["in_syscall"]),
-                         int(result["threads"]))  # fmt: skip
+                         int(result["threads"]), bool(result.get("calls_by_hand")))  # fmt: skip

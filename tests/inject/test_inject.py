@@ -22,6 +22,7 @@ from latprof.collectors.hooks import bootstrap
 from latprof.errors import CollectorError
 from latprof.inject import target as targets
 from latprof.inject.mechanism import GdbInjector, injector_for
+from latprof.inject import session as session_module
 from latprof.inject.session import SAFE_POINT_S, InjectSession
 
 TARGETS = Path(__file__).with_name("targets.py")
@@ -92,7 +93,10 @@ def session(pid: int, out: Path, duration_s: float = 2, **kwargs: object) -> Inj
 # --- the mechanism -----------------------------------------------------------------------------
 
 
-def test_the_code_runs_in_the_main_thread_and_the_process_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("by_hand", [False, True], ids=["gdb-calls", "calls-by-hand"])
+def test_the_code_runs_in_the_main_thread_and_the_process_goes_on(tmp_path: Path, by_hand: bool) -> None:
+    """Both ways of calling into the target: gdb's own calls (where gdb can put the vector registers
+    back: not gdb < 14 on a CPU with AMX, where the calls are made by hand anyway), and by hand."""
     proc = start_target("plain", tmp_path)
     try:
         before = ask(tmp_path)
@@ -102,7 +106,10 @@ def test_the_code_runs_in_the_main_thread_and_the_process_goes_on(tmp_path: Path
         code = ("try:\n    t = __import__('threading')\n"
                 f"    open({str(out)!r}, 'w').write(str(t.current_thread() is t.main_thread()))\n"
                 "    del t\nexcept BaseException:\n    pass\n")  # fmt: skip
-        injection = injector_for(target).inject(target, code)
+        assert isinstance(injector_for(target), GdbInjector)
+        injection = GdbInjector(by_hand=by_hand).inject(target, code)
+        if by_hand:
+            assert injection.calls_by_hand
         deadline = time.monotonic() + 5
         while not out.exists():
             assert time.monotonic() < deadline, "the queued code never ran"
@@ -240,7 +247,14 @@ def _latprof_threads(pid: int) -> list[str]:
             if t.name.startswith("latprof") or any("latprof" in f.file or "collectors/hooks" in f.file for f in t.frames)]  # fmt: skip
 
 
-def test_detach_puts_back_the_same_objects_and_a_second_injection_works(service: tuple, tmp_path: Path) -> None:
+@pytest.mark.parametrize("by_hand", [False, True], ids=["gdb-calls", "calls-by-hand"])
+def test_detach_puts_back_the_same_objects_and_a_second_injection_works(service: tuple, tmp_path: Path, by_hand: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Both ways of calling (see test_the_code_runs_in_the_main_thread_and_the_process_goes_on): calls
+    by hand into a uvicorn's main thread once crashed it (a register written in an outer frame) on
+    hosts where gdb cannot make its own calls, and only there, so they are made here on every host."""
+    if by_hand:
+        monkeypatch.setattr(session_module, "injector_for", lambda target: GdbInjector(by_hand=True))
     proc, port = service
     spec = _attributes()
     before = _get(port, f"/ids?t={spec}")
