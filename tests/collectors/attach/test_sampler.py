@@ -32,15 +32,18 @@ def test_a_window_of_a_parked_thread_is_all_its_layer(scenario, layer):
         end(proc)
     mine = [c for c in window.counts if c.tid == tid]
     samples = sum(c.count for c in mine)
-    # the time in each stack at 100 Hz, over a recording of a second (py-spy runs a little over it)
-    assert 60 <= samples <= 125, window.counts
+    # the time in each stack at 100 Hz, over a recording of a second (py-spy runs a little over it,
+    # more on a loaded host: 1.27 s with the target spinning one of two cores)
+    assert 60 <= samples <= 160, window.counts
     assert all(c.thread == "target" for c in mine)
     # when, in the recording, the target was in each of its stacks: back to back, over the whole second
     spans = window.spans[tid]
     assert {window.counts[i].tid for _, _, i in spans} == {tid}
     assert all(end == start for (_, end, _), (start, _, _) in zip(spans, spans[1:]))
-    assert 0.6e9 <= spans[-1][1] - spans[0][0] <= 1.25e9, spans
-    assert spans[-1][1] <= window.end_ns - window.start_ns  # the window covers the recording
+    assert 0.6e9 <= spans[-1][1] - spans[0][0] <= 1.6e9, spans
+    # the window is the recording: as long as its samples say, not as long as the py-spy call (attaching came first)
+    length = max(s[-1][1] for s in window.spans.values())
+    assert spans[-1][1] <= window.end_ns - window.start_ns <= length
     wchans = channels.between(proc.pid, window.start_ns, window.end_ns).get(tid)
     assert wchans, "no wait channel readings of the target in the window"
     by_layer: dict[object, int] = {}
@@ -49,7 +52,7 @@ def test_a_window_of_a_parked_thread_is_all_its_layer(scenario, layer):
             by_layer[classification.layer] = by_layer.get(classification.layer, 0) + n
     assert sum(by_layer.values()) == samples
     assert by_layer.get(layer, 0) >= 0.9 * samples, by_layer
-    assert 0.5e9 <= window.end_ns - window.start_ns <= 1.25e9  # the recording (a little over a second), without py-spy attaching first
+    assert 0.5e9 <= window.end_ns - window.start_ns <= 1.6e9
 
 
 def test_samples_without_a_signature_are_shared_out_over_the_wait_channels():

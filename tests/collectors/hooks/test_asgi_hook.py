@@ -112,10 +112,14 @@ def test_segments_lie_within_their_request_and_a_late_handler_start_is_event_loo
         # Waiting for the loop before the handler is recorded from 1 ms on (TCP_INFO's resolution),
         # from the arrival: the request's start, or the end of its time behind the proxy.
         arrival = max([r.start_ns] + [q.end_ns for q in cap.segments(r, QUEUE) if q.name == BEHIND_THE_PROXY])
+        by_id = {s.segment_id: s for s in cap.segments(r)}
         for s in cap.segments(r, EVENT_LOOP):
-            assert s.name in (PRE_HANDLER, BLOCKED_BY_OTHERS) and s.parent_id is None  # others: a starved server
+            assert s.name in (PRE_HANDLER, BLOCKED_BY_OTHERS), s  # others: a starved server
             if s.name == PRE_HANDLER:
-                assert s.start_ns == arrival and s.end_ns - s.start_ns >= 1e6
+                assert s.parent_id is None and s.start_ns == arrival and s.end_ns - s.start_ns >= 1e6
+            elif s.parent_id is not None:  # the loop blocked while the request awaited something: inside that step
+                parent = by_id[s.parent_id]
+                assert parent.start_ns <= s.start_ns < s.end_ns <= parent.end_ns, (parent, s)
 
 
 def test_sync_endpoints_queue_for_a_threadpool_token(session):
