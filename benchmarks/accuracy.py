@@ -1,13 +1,17 @@
 """The scoreboard: how often each way of collecting names the right layer on latprof's own faults.
 
-    python benchmarks/accuracy.py [--modes run,attach,inject,traces] [--repeat 1] [--seconds 14] [--dsn URL]
-                                  [--write docs/accuracy.md]
+    python benchmarks/accuracy.py [--modes run,attach,inject,stock,openllmetry,openinference,openai-v2,traces]
+                                  [--repeat 1] [--seconds 14] [--dsn URL] [--write docs/accuracy.md]
 
 Runs every `latprof demo` scenario (a FastAPI + SQLAlchemy + openai service with one known fault,
 a provider started here, open-loop load) once per mode and repetition: `run` records it with
 `latprof run`'s hooks, `attach` starts it plainly and samples it with `latprof attach --pid`
 (`latprof demo --attach`), `inject` starts it plainly and records it with `latprof attach
---pid --inject` (`latprof demo --inject`). `traces` runs the stock-OpenTelemetry services of the OTLP
+--pid --inject` (`latprof demo --inject`). `stock` starts it traced with the stock OpenTelemetry SDK and
+instrumentations only (FastAPI, SQLAlchemy, httpx), exporting to `latprof receive`, and diagnoses
+those traces (`latprof demo --traces stock`); `openllmetry`, `openinference` and `openai-v2` add
+that GenAI instrumentation of the openai client (installed first: see docs/genai.md).
+`traces` runs the stock-OpenTelemetry services of the OTLP
 end-to-end tests instead (`tests/collectors/traces/otlp_harness.py`: FastAPI traced with the
 stock instrumentations only, one known fault each) and analyses their OTLP files, as
 `latprof analyze FILE` does. Each verdict is scored against the scenario's known layer:
@@ -30,6 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from latprof.demo.otel import KINDS as TRACE_KINDS
 from latprof.demo.run import run_demo
 from latprof.demo.scenarios import SCENARIOS, Scenario
 from latprof.layers import UNATTRIBUTED
@@ -107,7 +112,8 @@ def run_traced(traced: Traced) -> Outcome:
 def run_one(scenario: Scenario, mode: str, seconds: float, dsn: str | None) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="latprof-accuracy-") as tmp:
         result = run_demo(scenario.name, dsn=dsn, capture=Path(tmp) / "capture.jsonl", duration_s=seconds,
-                          progress=None, attach=mode == "attach", inject=mode == "inject")  # fmt: skip
+                          progress=None, attach=mode == "attach", inject=mode == "inject",
+                          traces=mode if mode in TRACE_KINDS else None)  # fmt: skip
     verdict = result.report.verdict
     return Outcome(scenario, mode, verdict.layer, verdict.status, verdict.confidence, verdict.rule)
 
@@ -132,7 +138,8 @@ def table(outcomes: list[Outcome], modes: list[str], scenarios: list[Scenario] |
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--modes", default="run,attach,inject,traces", help="comma-separated: run, attach, inject, traces")
+    parser.add_argument("--modes", default="run,attach,inject,stock,traces",
+                        help="comma-separated: run, attach, inject, stock, openllmetry, openinference, openai-v2, traces")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=14.0, help="seconds of load per run")
     parser.add_argument("--dsn", default=PG_DSN, help="the demo's database (PostgreSQL, so attach sees its sockets)")

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from latprof.analysis.requests import DEFAULT_MIN_TAIL_EXCESS_MS, DEFAULT_WARMUP_S, Analysis, analyze
+from latprof.analysis.explain import Explanation, explain_requests
+from latprof.analysis.requests import DEFAULT_MIN_TAIL_EXCESS_MS, DEFAULT_WARMUP_S, MIN_REQUESTS_FOR_VERDICT, Analysis, analyze
 from latprof.capture.files import gc_paused
 from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
 from latprof.capture.reader import read_captures
 from latprof.ci.config import Config
 from latprof.engine import Finding, Rule, all_rules, configured, run_rules
-from latprof.analysis.inference import infer_pool_waits, infer_queueing
+from latprof.analysis.span_inference import infer_from_spans
 from latprof.report.model import Report, build_report
-from latprof.analysis.timeline import build_timeline
+from latprof.analysis.timeline import Timeline, build_timeline
+from latprof.errors import InputError
 from latprof.attach.reconstruct import RECONSTRUCTED
 
 if TYPE_CHECKING:
@@ -47,6 +50,7 @@ def run_diagnosis(
     rules: Sequence[Rule] | None = None,
     source_kind: str | None = None,
     min_tail_excess_ms: float = DEFAULT_MIN_TAIL_EXCESS_MS,
+    trace_id: str | None = None,
 ) -> Diagnosis:
     """Read the captures (or trace files) at `paths`, analyse them and run the rules: on the
     request analysis, or on the sample analysis of an attach capture (`Rule.judge_samples`).
@@ -56,7 +60,9 @@ def run_diagnosis(
     alone is "otlp". By default the files' headers (or trace format) decide.
     `min_tail_excess_ms` is the smallest tail worth a verdict (docs/layers.md). `warmup_s`
     None: the source's default - none for hooks loaded into a process already serving
-    (`attach --inject`), else `DEFAULT_WARMUP_S`.
+    (`attach --inject`), else `DEFAULT_WARMUP_S`. `trace_id` keeps the requests of that one
+    trace (nothing is warm-up then); with it, or with fewer requests than a verdict needs, the
+    report explains each request (`latprof.analysis.explain`).
     """
     if source_kind is not None and source_kind not in SOURCE_KINDS:
         raise ValueError(f"source_kind must be one of {SOURCE_KINDS}, not {source_kind!r}")
@@ -71,13 +77,48 @@ def run_diagnosis(
             samples = analyze_attach(timeline)
             found = judge(samples, default_rules() if rules is None else rules)
             return Diagnosis(None, found, build_attach_report(samples, found), samples)
-        if timeline.source_kind in TRACE_SOURCES:
-            timeline = infer_queueing(infer_pool_waits(timeline))
+        if trace_id is not None:
+            warmup_s = 0.0
         if warmup_s is None:
             warmup_s = 0.0 if timeline.method == "inject" else DEFAULT_WARMUP_S
+        if timeline.source_kind in TRACE_SOURCES:
+            timeline = infer_from_spans(timeline, warmup_s)
+        if trace_id is not None:
+            timeline = select_trace(timeline, trace_id)
         analysis = analyze(timeline, warmup_s=warmup_s, min_tail_excess_ms=min_tail_excess_ms)
         findings = run_rules(analysis, default_rules() if rules is None else rules)
-        return Diagnosis(analysis, findings, build_report(analysis, findings))
+        explained = explain(analysis) if trace_id is not None or len(timeline.requests) < MIN_REQUESTS_FOR_VERDICT else None
+        return Diagnosis(analysis, findings, build_report(analysis, findings, explained))
+
+
+def select_trace(timeline: Timeline, trace_id: str) -> Timeline:
+    """`timeline` with only the requests of trace `trace_id` (hex, any case; a trace with several
+    roots is several requests); `InputError` naming the inputs when it holds none."""
+    wanted = trace_id.strip().lower()
+    kept = [rt for rt in timeline.requests if rt.request.request_id == wanted or rt.request.request_id.startswith(wanted + ":")]
+    if not kept:
+        raise InputError(f"no trace {trace_id} in {', '.join(timeline.inputs) or 'the input'} ({len(timeline.requests)} requests read)")
+    return dataclasses.replace(timeline, requests=kept)
+
+
+def explain(analysis: Analysis) -> list[Explanation]:
+    """Each request explained (the slowest `MAX_EXPLAINED`), warm-up included: with a handful of
+    requests there is no tail to compare with, and each is worth reading on its own."""
+    processed = {rt.request.request_id: rt for rt in analysis.requests}
+    requests = [processed.get(rt.request.request_id, rt) for rt in analysis.timeline.requests]
+    return explain_requests(requests, services_of(analysis.timeline))
+
+
+def services_of(timeline: Timeline) -> dict[int, str]:
+    """The service name of each instance number trace readers give events as `pid`."""
+    out: dict[int, str] = {}
+    for header in timeline.headers:
+        instances = header.get("instances")
+        if isinstance(instances, dict):
+            for number, about in instances.items():
+                if isinstance(about, dict) and str(number).isdigit():
+                    out[int(number)] = str(about.get("service.name") or "")
+    return out
 
 
 def run_configured(
@@ -87,6 +128,7 @@ def run_configured(
     *,
     warmup_s: float | None = None,
     source_kind: str | None = None,
+    trace_id: str | None = None,
 ) -> Diagnosis:
     """`run_diagnosis` as the config says: its enabled rules with their thresholds, its
     `min_tail_excess_ms`, and its `skip_warmup_s` unless `warmup_s` is given (else the source's default)."""
@@ -94,7 +136,7 @@ def run_configured(
         warmup_s = config.skip_warmup_s  # None: the source's default
     floor = config.min_tail_excess_ms if config.min_tail_excess_ms is not None else DEFAULT_MIN_TAIL_EXCESS_MS
     return run_diagnosis(paths, warmup_s=warmup_s, rules=configured(rule_classes, config.rules), min_tail_excess_ms=floor,
-                         source_kind=source_kind)  # fmt: skip
+                         source_kind=source_kind, trace_id=trace_id)  # fmt: skip
 
 
 def diagnose(

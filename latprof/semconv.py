@@ -26,6 +26,12 @@ HTTP_REQUEST_METHOD: Final = "http.request.method"
 HTTP_ROUTE: Final = "http.route"
 HTTP_STATUS_CODE: Final = "http.response.status_code"
 HTTP_RESEND_COUNT: Final = "http.request.resend_count"
+#: A proxy's request-start stamp (`X-Request-Start: t=<epoch time>`) as a server span records it when told to
+#: (`OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST=x-request-start`): a list of strings. The semantic
+#: conventions keep the header's `-`; opentelemetry-python-contrib's instrumentations (util-http
+#: `normalise_request_header_name`, still in 0.66b1) write `_`. The only header attribute latprof reads.
+HTTP_REQUEST_HEADER_X_REQUEST_START: Final = "http.request.header.x-request-start"
+HTTP_REQUEST_HEADER_X_REQUEST_START_PY: Final = "http.request.header.x_request_start"
 #: the class of error that ended an operation
 ERROR_TYPE: Final = "error.type"
 #: histogram (seconds) of the time to obtain an open connection from a pool
@@ -34,6 +40,8 @@ METRIC_DB_CONNECTION_WAIT_TIME: Final = "db.client.connection.wait_time"
 # --- latprof's own attributes --------------------------------------------------------------
 #: bool on an LLM segment: False when the call was not streamed and TTFT was not observed.
 TTFT_KNOWN: Final = "latprof.ttft_known"
+#: bool on a segment made from a span whose status was ERROR (OpenTelemetry's status code).
+SPAN_STATUS_ERROR: Final = "latprof.span.status_error"
 #: str shared by the provider and model segments of one LLM call.
 LLM_CALL_ID: Final = "latprof.llm_call_id"
 #: bool: the segment's boundaries are an estimate, not a measurement.
@@ -45,7 +53,8 @@ OUTPUT_CHUNKS: Final = "latprof.output_chunks"
 #: float on a pool checkout segment: ms of it spent opening a new connection.
 CONNECT_MS: Final = "latprof.db.connect_ms"
 #: str on a `queue` segment: what the request queued in (backlog, threadpool, limiter, header,
-#: executor: a task the request handed to a `ThreadPoolExecutor` waited for a worker).
+#: executor: a task the request handed to a `ThreadPoolExecutor` waited for a worker; from traces also
+#: downstream, and proxy: between a proxy's span and the app's server span below it).
 QUEUE_SOURCE: Final = "latprof.queue.source"
 
 #: int on a request root recorded as a random sample: the requests it stands for (1 / its

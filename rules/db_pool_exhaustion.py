@@ -26,6 +26,7 @@ from latprof.analysis.inference import (
     INFERRED_CEILING,
     INFERRED_MEDIAN_GAP_MS,
     INFERRED_TAIL_GAP_MS,
+    SOURCE_GAP_BEFORE_FIRST_STEP,
 )
 from latprof.events import Segment
 from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER
@@ -148,7 +149,8 @@ class DbPoolExhaustion(Rule):
             share_text = f"{at_ceiling:.0%}" if isinstance(at_ceiling, (int, float)) else "an unknown share"
             summary = (
                 f"Inferred (no span times the pool checkout): the slowest 1% of requests waited"
-                f" {fmt_ms(stats.tail_excess_ms)} longer than the median one before their first database statement,"
+                f" {fmt_ms(stats.tail_excess_ms)} longer than the median one before their first database statement"
+                f" (or the first step after taking a connection),"
                 f" while {inferred['connection_ceiling']} requests at a time held a connection (at that ceiling"
                 f" {share_text} of the waiting time): a pool of about"
                 f" {inferred['connection_ceiling']} exhausted"
@@ -171,6 +173,11 @@ class DbPoolExhaustion(Rule):
         confidence = min(1.0, judged_share + (0.2 if "peak_in_use" in evidence else 0.0))
         if inferred:
             confidence *= INFERRED_CONFIDENCE
+        if inferred.get("inferred_from") == SOURCE_GAP_BEFORE_FIRST_STEP:
+            # a wait before the handler's first step: a worker thread pool of that size looks the same
+            confidence = min(confidence, AMBIGUOUS_CONFIDENCE)
+            summary += (f"; or a worker thread pool of {inferred['connection_ceiling']} (sync endpoints wait for a thread"
+                        " before their first step too): the pool's and the thread pool's sizes tell which")  # fmt: skip
         yield self.finding(
             severity=severity_for_share(judged_share) if owns else severity_for_median(analysis, stats),
             confidence=round(confidence, 4),
@@ -180,6 +187,11 @@ class DbPoolExhaustion(Rule):
             fix=fix,
             subject=",".join(pools),
         )
+
+
+#: The most a pool inferred from the gap before a request's first step is believed: below 0.5,
+#: since requests waiting for a worker thread (a sync endpoint's thread pool) leave the same gap.
+AMBIGUOUS_CONFIDENCE = 0.4
 
 
 def _inferred(analysis: Analysis) -> dict[str, object]:

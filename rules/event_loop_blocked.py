@@ -7,7 +7,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence, TypeVar
 
+from latprof.analysis.inference import INFERRED, INFERRED_CONFIDENCE, Inference
 from latprof.analysis.requests import Analysis, percentile
+from latprof.analysis.stall_inference import (
+    INFERRED_BLOCKED_BY,
+    INFERRED_BLOCKING_REQUEST,
+    INFERRED_BLOCKING_SPAN,
+    INFERRED_STALL_MS,
+    INFERRED_STALLS,
+)
 from latprof.collectors.attach.stacks import event_loop_thread, own_frame
 from latprof.engine import (
     Finding,
@@ -20,7 +28,7 @@ from latprof.engine import (
     severity_for_share,
     wait_evidence,
 )
-from latprof.events import Frame, Gauge, StackSample
+from latprof.events import Frame, Gauge, Segment, StackSample
 from latprof.layers import EVENT_LOOP
 from latprof.semconv import GAUGE_LOOP_LAG_MS
 
@@ -57,7 +65,9 @@ class EventLoopBlocked(Rule):
         every request waits for the loop. With segments the
         impact is the layer's tail excess; from the lag gauge alone it cannot be tied to
         requests, so the finding is a warning with no impact (or `info` when segments were
-        recorded and show the stalls do not land on the slow requests).
+        recorded and show the stalls do not land on the slow requests). From stock traces, which
+        record no loop, the segments are inferred (`latprof.analysis.stall_inference`: the spans
+        of other requests all released at once when one request's own code gave the loop back).
 
     Why it matters for p99:
         One event loop serves every request of the process. A handler that calls a sync SDK,
@@ -71,7 +81,10 @@ class EventLoopBlocked(Rule):
         when it dominates the median request its time there, that request's latency, the share
         and p99/p50; loop
         lag p99 and max from the gauge, how many readings there were and how many reached
-        the threshold; when stack samples were captured, the three hottest innermost frames
+        the threshold; when the segments were inferred from traces, `inferred: true`, what from,
+        how many stalls, their p50 and longest, and the routes (and layer-less spans) of the
+        requests whose own code ran across them, with example ids, at lower confidence;
+        when stack samples were captured, the three hottest innermost frames
         of the active samples, as "function (file)" with their share of those samples - on
         the event-loop thread when it can be recognised (asyncio frames on its stack), else
         across all threads; example request ids. Gauges and samples outside the analysed
@@ -130,6 +143,11 @@ class EventLoopBlocked(Rule):
             evidence["hot_frames_scope"] = scope
         if stats.seen:
             evidence["example_request_ids"] = analysis.example_request_ids(EVENT_LOOP, with_time_only=True)
+        inferred = [s for _, s in analysis.segments(EVENT_LOOP) if s.attrs.get(INFERRED)] if stats.seen else []
+        blocker: tuple[str, int, int] | None = None
+        if inferred:
+            details, blocker = _stalls(inferred, len(analysis.segments(EVENT_LOOP)))
+            evidence.update(Inference.of_segment(inferred[0].attrs, details).evidence())
 
         if owns:
             summary = (
@@ -162,6 +180,13 @@ class EventLoopBlocked(Rule):
         if hot:
             where = "on the loop" if scope == "event-loop thread" else "active frame"
             summary += f"; hottest {where}: {hot[0]['frame']} ({hot[0]['share']:.0%} of samples)"
+        if blocker is not None:
+            what, held, stalls = blocker
+            summary = (
+                "Inferred from other requests' spans all ending at once after stalls: " + summary[0].lower() + summary[1:]
+                + f"; the loop was held by {what} in {held} of {stalls} stalls"
+            )  # fmt: skip
+            confidence = min(confidence, 1.0) * INFERRED_CONFIDENCE
 
         yield self.finding(
             severity=severity,
@@ -169,7 +194,7 @@ class EventLoopBlocked(Rule):
             impact_ms=max(0.0, stats.tail_excess_ms),
             summary=summary + ".",
             evidence=evidence,
-            fix=_fix(hot),
+            fix=_fix(hot) if blocker is None else _fix_blocking_call(blocker[0]),
             # One loop problem per service; the blocking frame is evidence, not identity, since a
             # capture without stack samples must fingerprint the same as one with them.
             subject="",
@@ -243,6 +268,43 @@ def _label(frame: Frame) -> str:
     if stdlib:
         return f"{frame.function} ({stdlib.group(1)})"
     return f"{frame.function} ({'/'.join(path.split('/')[-2:])})"
+
+
+def _stalls(inferred: Sequence[Segment], total: int) -> tuple[dict[str, object], tuple[str, int, int]]:
+    """The evidence of stalls inferred from traces - how many, how long, what held the loop - and
+    (what held it in words, in how many of the stalls, of how many): the route of the requests whose
+    own code ran across most stalls, with the layer-less span it ran in when it had one
+    (`GET /export` (span `render_pdf`))."""
+    stalls: dict[tuple[object, object], Segment] = {}
+    for s in inferred:  # every segment of one stall carries its numbers: one per stall
+        stalls.setdefault((s.attrs.get(INFERRED_BLOCKING_REQUEST), s.attrs.get(INFERRED_STALL_MS)), s)
+    lengths = sorted(float(s.attrs.get(INFERRED_STALL_MS) or 0.0) for s in stalls.values())
+    routes: Counter[str] = Counter(str(s.attrs.get(INFERRED_BLOCKED_BY) or "?") for s in stalls.values())
+    spans: Counter[str] = Counter(str(s.attrs[INFERRED_BLOCKING_SPAN]) for s in stalls.values()
+                                  if s.attrs.get(INFERRED_BLOCKING_SPAN))  # fmt: skip
+    details: dict[str, object] = {
+        "inferred_share_of_event_loop_segments": round(len(inferred) / total, 4) if total else 0.0,
+        "stalls": len(stalls),
+        "proving_stalls": max(int(s.attrs.get(INFERRED_STALLS) or 0) for s in stalls.values()),
+        "stall_p50_ms": round(percentile(lengths, 50), 3),
+        "stall_max_ms": round(lengths[-1], 3),
+        "blocked_by": dict(routes.most_common()),
+        "example_blocking_request_ids": [str(s.attrs.get(INFERRED_BLOCKING_REQUEST)) for s in list(stalls.values())[:3]],
+    }
+    if spans:
+        details["blocking_spans"] = dict(spans.most_common())
+    (route, held), span = routes.most_common(1)[0], (spans.most_common(1)[0][0] if spans else None)
+    return details, (f"`{route}`" + (f" (span `{span}`)" if span else ""), held, len(stalls))
+
+
+def _fix_blocking_call(blocker: str) -> str:
+    return (
+        f"Move the blocking call in {blocker} off the event loop - it runs there with no span open while every"
+        " other request waits: `await asyncio.to_thread(...)` / `loop.run_in_executor(...)` for a blocking call, a"
+        " process pool for CPU-bound work, or an async driver or client instead of a sync one (asyncpg or psycopg"
+        " async, redis.asyncio, httpx.AsyncClient, the SDK's Async client); or make the handler a plain `def` so"
+        " the framework runs it in its thread pool. `PYTHONASYNCIODEBUG=1` names the slow callback in development."
+    )
 
 
 def _fix(hot: list[dict[str, object]]) -> str:

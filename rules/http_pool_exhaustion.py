@@ -5,6 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
+from latprof.analysis.http_limit_inference import (
+    AMBIGUOUS_CONFIDENCE,
+    INFERRED_CALLS,
+    INFERRED_SERVICE_MS,
+    INFERRED_UNWAITED_MS,
+    INFERRED_WAITED_CALLS,
+    INFERRED_WAITED_SPAN_MS,
+)
+from latprof.analysis.inference import INFERRED, INFERRED_CEILING, INFERRED_CONFIDENCE, Inference
 from latprof.analysis.requests import Analysis
 from latprof.engine import (
     Finding,
@@ -72,7 +81,12 @@ class HttpPoolExhaustion(Rule):
         waited; peak connections in use and peak waiters from the pool gauges, and mean
         utilisation (time-weighted) when there is one limit; when the wait dominates the
         median request, its time there, that request's latency, the share and p99/p50;
-        example request ids.
+        example request ids. From stock traces, where the client span starts before the wait
+        for a connection, the waits are inferred by replaying each host's calls through a pool
+        of the fewest connections that explain them (`latprof.analysis.http_limit_inference`):
+        `inferred: true`, that `connection_ceiling`, the waiting calls' service against the
+        others', and a confidence under 0.5 - a provider that serves that many calls at a time
+        looks the same.
 
     How to fix:
         Size the pool for the concurrency the service sends to that host:
@@ -140,6 +154,8 @@ class HttpPoolExhaustion(Rule):
             evidence["pools_waited"] = len(pools)
         evidence.update(_pool_gauges(analysis))
         evidence["example_request_ids"] = analysis.example_request_ids(HTTP_POOL)
+        inferred = _inferred(analysis)
+        evidence.update(inferred)
 
         details = []
         if limits:
@@ -158,6 +174,16 @@ class HttpPoolExhaustion(Rule):
                 median_summary(analysis, stats, f"waits for a free HTTP connection{to_hosts}")
                 + (f" ({', '.join(details)})" if details else "")
                 + "."
+            )
+        if inferred:
+            ceiling = inferred["connection_ceiling"]
+            summary = (
+                "Inferred (the client spans start before the wait for a connection; no span times it): "
+                + summary[0].lower() + summary[1:-1]
+                + f": never more than {ceiling} calls{to_hosts} were served at once, and the calls that waited for one of"
+                f" those {ceiling} were the slow ones. Either a client connection limit of {ceiling}, or a provider that"
+                f" serves {ceiling} at a time: `latprof run` (its httpx pool hooks time the client's pool) or the"
+                " provider's own concurrency limit tells them apart."
             )
         if len(pools) >= t.min_pools_for_sharing_advice:
             limit = f" of max_connections={min(limits)}" if limits else ""
@@ -179,9 +205,16 @@ class HttpPoolExhaustion(Rule):
                 " concurrent calls, bound concurrency before the call and set a pool timeout so overload fails fast;"
                 " do not create a client per request to dodge the limit (a new connection per call)."
             )
+        if inferred:
+            fix = (
+                f"If the client's limit is {inferred['connection_ceiling']} (httpx.Limits(max_connections=...), the"
+                " openai client's http_client=): " + fix[0].lower() + fix[1:] + " If the provider serves only"
+                f" {inferred['connection_ceiling']} calls at a time, raising the client's limit only moves the queue"
+                " there: ask for more concurrency (a higher tier, more deployments) or spread the calls over more of them."
+            )
         yield self.finding(
             severity=severity_for_share(judged_share) if owns else severity_for_median(analysis, stats),
-            confidence=min(1.0, judged_share + (0.2 if "peak_waiters" in evidence else 0.0)),
+            confidence=_confidence(judged_share, evidence),
             impact_ms=stats.tail_excess_ms,
             summary=summary,
             evidence=evidence,
@@ -203,3 +236,40 @@ def _pool_gauges(analysis: Analysis) -> dict[str, float]:
     if gauges.get(GAUGE_HTTP_POOL_WAITERS):
         out["peak_waiters"] = max(g.value for g in gauges[GAUGE_HTTP_POOL_WAITERS])
     return out
+
+
+def _confidence(judged_share: float, evidence: dict[str, object]) -> float:
+    """The share that decided, more with the pool gauges' waiters; an inferred limit scaled by
+    `INFERRED_CONFIDENCE` and kept under 0.5 (`AMBIGUOUS_CONFIDENCE`): a provider serving that many at a
+    time looks the same."""
+    confidence = min(1.0, judged_share + (0.2 if "peak_waiters" in evidence else 0.0))
+    if evidence.get("inferred"):
+        confidence = min(confidence * INFERRED_CONFIDENCE, AMBIGUOUS_CONFIDENCE)
+    return round(confidence, 4)
+
+
+def _inferred(analysis: Analysis) -> dict[str, object]:
+    """The inference's evidence when the `http.pool` time was inferred from client spans
+    (`latprof.analysis.http_limit_inference`), else {}: the ceiling of the host that waited most."""
+    pool = analysis.segments(HTTP_POOL)
+    marked = [s for _, s in pool if s.attrs.get(INFERRED)]
+    if not marked:
+        return {}
+    by_host: dict[str, int] = {}
+    for s in marked:
+        host = str(s.attrs.get(SERVER_ADDRESS))
+        by_host[host] = by_host.get(host, 0) + s.end_ns - s.start_ns
+    top = max(by_host, key=by_host.__getitem__)
+    attrs = next(s.attrs for s in marked if str(s.attrs.get(SERVER_ADDRESS)) == top)
+    ceiling = attrs.get(INFERRED_CEILING)
+    return Inference.of_segment(attrs, {
+        "inferred_share_of_pool_waits": round(len(marked) / len(pool), 4),
+        "connection_ceiling": ceiling,
+        "host": attrs.get(SERVER_ADDRESS),
+        "calls": attrs.get(INFERRED_CALLS),
+        "waited_calls": attrs.get(INFERRED_WAITED_CALLS),
+        "waited_service_median_ms": attrs.get(INFERRED_SERVICE_MS),
+        "unwaited_median_ms": attrs.get(INFERRED_UNWAITED_MS),
+        "waited_span_median_ms": attrs.get(INFERRED_WAITED_SPAN_MS),
+        "readings": [f"a client connection limit of {ceiling}", f"a provider that serves {ceiling} at a time"],
+    }).evidence()  # fmt: skip

@@ -20,6 +20,7 @@ from latprof.engine import (
     wait_evidence,
 )
 from latprof.analysis.inference import INFERRED, INFERRED_CONCURRENCY, INFERRED_CONFIDENCE, INFERRED_SERVICE, Inference
+from latprof.analysis.ingress_inference import QUEUE_PROXY, QUEUE_READ_FROM, QUEUE_SOURCE_HEADER, QUEUE_SOURCE_PROXY
 from latprof.layers import QUEUE
 from latprof.semconv import GAUGE_ACCEPT_QUEUE, QUEUE_SOURCE
 
@@ -32,8 +33,9 @@ _SOURCE_PHRASES = {
     "threadpool": "the worker thread pool",
     "limiter": "a concurrency limiter",
     "executor": "a thread pool the handlers hand work to",
-    "header": "front of the service (measured from the proxy's request-start header)",
+    "header": "front of the service, measured from the proxy's request-start header",
     "downstream": "front of a called service (from the caller's client span to that service's server span)",
+    "proxy": "front of the app, between the proxy's span and the app's server span below it",
 }
 
 #: The first thing to change, by where the requests queued; the general advice follows it.
@@ -52,6 +54,10 @@ _SOURCE_FIXES = {
     " processes or replicas.",
     "downstream": "The called service ran at a fixed concurrency, its requests back to back: give it more"
     " workers or replicas, or cap the callers' concurrency at what it serves.",
+    "proxy": "Requests waited between the proxy and the app (the app's accept backlog or a free worker, the"
+    " hop, the proxy's own queue for an upstream connection): add worker processes or replicas behind the"
+    " proxy, or cap what the proxy sends the app (Envoy circuit breakers, nginx `max_conns`) and shed the"
+    " excess early.",
 }
 
 
@@ -87,9 +93,13 @@ class RequestQueueing(Rule):
         `accept.queue_depth` gauge when it was recorded; when queueing dominates the median
         request, its time there, that request's latency, the share and p99/p50; the most
         requests in flight at once (arrived and not yet answered, queued or served), from the
-        request intervals; example request ids. From
-        traces, a queue in front of a called service is inferred when that service ran at a
-        fixed concurrency with its spans back to back (`inferred: true`, lower confidence).
+        request intervals; example request ids. From traces: a proxy's X-Request-Start
+        header recorded on the app's server span measures the queue (`header`; the attribute
+        it was read from in `request_start_read_from`); a proxy's span above the app's server
+        span gives an inferred one (`proxy`; the proxy and what recognised it in `proxies`);
+        a queue in front of a called service is inferred when that service ran at a fixed
+        concurrency with its spans back to back (`downstream`). Inferred ones say
+        `inferred: true`, at lower confidence.
 
     How to fix:
         Add capacity where the requests queued: more worker processes or threads (gunicorn
@@ -138,16 +148,30 @@ class RequestQueueing(Rule):
             evidence["mean_accept_queue"] = round(sum(means.values()) / len(means), 3) if means else 0.0
         evidence["peak_in_flight"] = _peak_in_flight(analysis)
         evidence["example_request_ids"] = analysis.example_request_ids(QUEUE)
-        inferred = [s for _, s in analysis.segments(QUEUE) if s.attrs.get(INFERRED)]
-        if inferred:
-            evidence.update(Inference.of_segment(inferred[0].attrs, {
-                "inferred_share_of_queue_segments": round(len(inferred) / len(analysis.segments(QUEUE)), 4),
-                "services_at_fixed_concurrency": sorted(
-                    {f"{s.attrs.get(INFERRED_SERVICE) or '?'} ({s.attrs.get(INFERRED_CONCURRENCY)} at a time)" for s in inferred}
-                ),
-            }).evidence())  # fmt: skip
-
+        segments = [s for _, s in analysis.segments(QUEUE)]
+        read_from = sorted({str(s.attrs[QUEUE_READ_FROM]) for s in segments if s.attrs.get(QUEUE_READ_FROM)})
+        if read_from:
+            evidence["request_start_read_from"] = read_from
+        proxies = sorted({str(s.attrs[QUEUE_PROXY]) for s in segments if s.attrs.get(QUEUE_PROXY)})
+        if proxies:
+            evidence["proxies"] = proxies
         top_source = ranked[0][0] if ranked else ""
+        inferred = [s for s in segments if s.attrs.get(INFERRED)]
+        # the finding is as sure as the source that explains most of the queue: a measured header is not
+        # made an inference by a few inferred segments elsewhere
+        if top_source and inferred and not any(s.attrs.get(QUEUE_SOURCE) == top_source for s in inferred):
+            inferred = []
+        services = sorted(
+            {f"{s.attrs.get(INFERRED_SERVICE) or '?'} ({s.attrs[INFERRED_CONCURRENCY]} at a time)"
+             for s in inferred if s.attrs.get(INFERRED_CONCURRENCY) is not None}
+        )  # fmt: skip
+        if inferred:
+            details: dict[str, object] = {"inferred_share_of_queue_segments": round(len(inferred) / len(segments), 4)}
+            if services:
+                details["services_at_fixed_concurrency"] = services
+            top = next((s for s in inferred if s.attrs.get(QUEUE_SOURCE) == top_source), inferred[0])
+            evidence.update(Inference.of_segment(top.attrs, details).evidence())
+
         where = _SOURCE_PHRASES.get(top_source, f"'{top_source}'") if top_source else ""
         summary = (
             f"The slowest 1% of requests waited {fmt_ms(stats.tail_excess_ms)} longer than the median request"
@@ -174,8 +198,12 @@ class RequestQueueing(Rule):
         if inferred:
             confidence *= INFERRED_CONFIDENCE
             summary = "Inferred (no span times the wait): " + summary[0].lower() + summary[1:]
-            services = ", ".join(evidence["services_at_fixed_concurrency"])  # type: ignore[arg-type]
-            summary = summary[:-1] + f"; {services} ran at a fixed concurrency, its spans back to back."
+            if top_source == QUEUE_SOURCE_PROXY and proxies:
+                summary = summary[:-1] + f"; read from the spans of {', '.join(proxies)} and of the app below it."
+            if services:
+                summary = summary[:-1] + f"; {', '.join(services)} ran at a fixed concurrency, its spans back to back."
+        elif read_from and top_source == QUEUE_SOURCE_HEADER:
+            summary = summary[:-1] + f"; read from each request's {' or '.join(read_from)}."
         yield self.finding(
             severity=severity_for_share(judged_share) if owns else severity_for_median(analysis, stats),
             confidence=round(confidence, 4),

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
+from latprof.analysis.inference import INFERRED, INFERRED_CONFIDENCE, Inference
 from latprof.analysis.requests import Analysis
 from latprof.engine import (
     Finding,
@@ -63,7 +64,9 @@ class RetryBackoff(Rule):
     Evidence:
         retry sleep p50/p99 and its tail excess and share; what the sleeps followed (status
         codes and error types, counted); who slept (the SDK's own retries, a retry library,
-        a hand-written loop); retries per tail request; when the sleeps dominate the median
+        a hand-written loop); retries per tail request; from stock traces, where no span
+        measures the sleep, the backoff inferred from the gap between a failed client span and
+        the next span to the same target (`inferred: true`, lower confidence); when the sleeps dominate the median
         request, their time there, that request's latency, the share and p99/p50; example
         request ids.
 
@@ -119,6 +122,11 @@ class RetryBackoff(Rule):
         distinct_tail = len(tail) or 1
         evidence["retries_per_tail_request"] = round(tail_retries / distinct_tail, 3)
         evidence["example_request_ids"] = analysis.example_request_ids(RETRY)
+        inferred = [s for _, s in analysis.segments(RETRY) if s.attrs.get(INFERRED)]
+        if inferred:
+            evidence.update(Inference.of_segment(inferred[0].attrs, {
+                "inferred_share_of_retry_segments": round(len(inferred) / len(analysis.segments(RETRY)), 4),
+            }).evidence())  # fmt: skip
         top_cause = next(iter(evidence["after"]), "unknown")  # type: ignore[call-overload]
         what = {"429": "rate limiting (429)"}.get(top_cause, f"failed attempts ({top_cause})")
         summary = (
@@ -140,9 +148,13 @@ class RetryBackoff(Rule):
                 " breaker for a failing dependency, fail-over to another deployment, jittered backoff with a cap on"
                 " attempts and total retry time per request."
             )
+        confidence = judged_share + (0.2 if causes else 0.0)
+        if inferred:
+            summary = "Inferred from the gaps between failed attempts and their retries: " + summary[0].lower() + summary[1:]
+            confidence = min(confidence, 1.0) * INFERRED_CONFIDENCE
         yield self.finding(
             severity=severity_for_share(judged_share) if owns else severity_for_median(analysis, stats),
-            confidence=judged_share + (0.2 if causes else 0.0),
+            confidence=confidence,
             impact_ms=stats.tail_excess_ms,
             summary=summary,
             evidence=evidence,

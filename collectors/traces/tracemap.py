@@ -9,9 +9,9 @@ span explains is `unattributed` (traces carry no CPU time), which `latprof.analy
 
 | spans (scope, name, attributes)                                   | layer |
 |-------------------------------------------------------------------|-------|
-| `gen_ai.operation.name` chat / text_completion / generate_content / embeddings | `provider` up to the first token when `gen_ai.response.time_to_first_chunk` is recorded, `model` after; without it `provider` with `latprof.ttft_known: false` (the analysis estimates decode from output tokens, as for any non-streamed call) |
-| `gen_ai.operation.name` execute_tool, retrieval                  | `tool` |
-| `gen_ai.operation.name` invoke_agent, create_agent, invoke_workflow | none: a wrapper, its children count |
+| `gen_ai.operation.name` chat / text_completion / generate_content / embeddings (also OpenLLMetry's `llm.request.type`, OpenInference's `openinference.span.kind` LLM / EMBEDDING) | `provider` up to the first token when the instrumentation records it (`gen_ai.response.time_to_first_chunk`, a first-chunk event: `genai_spans`), `model` after; without it `provider` with `latprof.ttft_known: false` (the analysis estimates decode from output tokens, as for any non-streamed call) |
+| `gen_ai.operation.name` execute_tool, retrieval (OpenInference TOOL, RETRIEVER, RERANKER) | `tool` |
+| `gen_ai.operation.name` invoke_agent, create_agent, invoke_workflow (OpenInference AGENT, CHAIN, ...) | none: a wrapper, its children count |
 | scope `opentelemetry.instrumentation.sqlalchemy`, name `connect` | `db.pool`: it wraps `Engine.connect`, the pool checkout (measured) |
 | any other span with `db.system.name` / `db.system`              | `db.query` (also redis) |
 | HTTP client span (`http.request.method`/`http.method`) to an LLM path (`/chat/completions`, `/completions`, `/responses`, `/embeddings`, `/v1/messages`) | `provider`, extended to the caller's next step (the span ends at the response headers; the body streams after), TTFT and decode not split (`latprof.split_unknown`) |
@@ -21,7 +21,10 @@ span explains is `unattributed` (traces carry no CPU time), which `latprof.analy
 | SERVER spans below the root, INTERNAL and other spans            | none: their children count, their own time stays uncovered |
 
 An HTTP call inside a GenAI model span is that call's transport: it gets no layer of its own
-(the SDK's layers count the time once).
+(the SDK's layers count the time once). A request keeps from its root span only its service, the
+proxy's request-start header when the span recorded it, and, for a server root with another server
+span below it, what tells a proxy (`_root_attrs`): `latprof.analysis.ingress_inference` reads the
+queue in front of the app from them.
 """
 
 from __future__ import annotations
@@ -33,20 +36,25 @@ from typing import Any, Iterable, Mapping, Sequence
 from latprof.events import NO_ATTRS, Request, Segment
 from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, TOOL
 from latprof.semconv import (
-    GEN_AI_OPERATION_NAME,
+    ERROR_TYPE,
+    HTTP_REQUEST_HEADER_X_REQUEST_START,
+    HTTP_REQUEST_HEADER_X_REQUEST_START_PY,
+    HTTP_REQUEST_METHOD,
     HTTP_ROUTE,
     LLM_CALL_ID,
     QUEUE_SOURCE,
+    SPAN_STATUS_ERROR,
     SPLIT_UNKNOWN,
     TTFT_KNOWN,
 )
-from latprof.collectors.traces.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, Span
+from latprof.collectors.traces import genai_spans
+from latprof.collectors.traces.spans import KIND_CLIENT, KIND_CONSUMER, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, Span
 
 #: Path suffixes of LLM API calls (docs/design.md "What is an LLM call"); first match wins.
 DEFAULT_LLM_PATHS: tuple[str, ...] = ("/chat/completions", "/completions", "/responses", "/embeddings", "/v1/messages")
 
 SQLALCHEMY_SCOPE = "opentelemetry.instrumentation.sqlalchemy"
-GEN_AI_TTFT = "gen_ai.response.time_to_first_chunk"
+GEN_AI_TTFT = genai_spans.GEN_AI_TTFT
 #: bool on a `provider` segment made from an HTTP client span: its end was moved from the
 #: response headers to the caller's next step.
 ENDS_AT_NEXT_STEP = "latprof.llm.extended_to_next_step"
@@ -56,11 +64,18 @@ SPAN_KIND = "latprof.span.kind"
 SERVICE_NAME = "service.name"
 #: Name of the `queue` segment made from a message's send span and its process span.
 MESSAGING_QUEUE = "messaging queue"
+#: Attributes of a request's root server span that tell a proxy, kept on the request when a server span runs below it:
+#: Envoy puts `component: proxy` and `upstream_cluster` on its spans, Traefik `entry_point` on its EntryPoint
+#: span. nginx's modules (ngx_otel_module, the contrib otel_ngx_module) carry none: only their scope, `nginx`.
+PROXY_MARKS = ("component", "upstream_cluster", "entry_point")
+#: str on such a request: its root span's instrumentation scope (the name the Jaeger and Zipkin mappings give it).
+SCOPE_NAME = "otel.scope.name"
+#: str on such a request: its root span's path, query left out (`url_path`).
+URL_PATH = "url.path"
+_REQUEST_START = (HTTP_REQUEST_HEADER_X_REQUEST_START, HTTP_REQUEST_HEADER_X_REQUEST_START_PY)
 
-_MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "embeddings"})
-_TOOL_OPERATIONS = frozenset({"execute_tool", "retrieval"})
-_WRAPPER_OPERATIONS = frozenset({"invoke_agent", "create_agent", "invoke_workflow"})
 _SEND_OPERATIONS = frozenset({"send", "publish", "create"})
+_GENAI_MARKS = genai_spans.MARKS
 _DROP = "drop"  # classify(): not a segment at all
 _LLM_HTTP = "llm-http"  # classify(): an HTTP client span to an LLM path
 _GENAI_MODEL = "genai-model"  # classify(): a GenAI model call span
@@ -84,15 +99,15 @@ def url_path(attrs: Mapping[str, Any]) -> str:
 def classify(span: Span, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> str | None:
     """The layer of `span` by the module's table, or None (no layer of its own); internal markers
     `_GENAI_MODEL`, `_LLM_HTTP` and `_DROP` for the kinds `map_trace` treats specially."""
-    attrs = span.attrs
-    operation = attrs.get(GEN_AI_OPERATION_NAME)
-    if operation is not None:
-        if operation in _MODEL_OPERATIONS:
+    attrs = span[9]
+    # any of the GenAI instrumentations' marks (genai_spans.genai_kind): three lookups, not a call, on every span
+    genai = genai_spans.genai_kind(attrs) if _GENAI_MARKS[0] in attrs or _GENAI_MARKS[1] in attrs or _GENAI_MARKS[2] in attrs else None
+    if genai is not None:
+        if genai == genai_spans.MODEL_CALL:
             return _GENAI_MODEL
-        if operation in _TOOL_OPERATIONS:
+        if genai == genai_spans.TOOL_CALL:
             return TOOL
-        if operation in _WRAPPER_OPERATIONS:
-            return None
+        return None
     if "db.system.name" in attrs or "db.system" in attrs:
         if span.name == "connect" and span.scope == SQLALCHEMY_SCOPE:
             return DB_POOL
@@ -110,6 +125,19 @@ def classify(span: Span, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> str | 
     if "asgi.event.type" in attrs:
         return _DROP
     return None
+
+
+def error_attrs(span: Span) -> Mapping[str, Any]:
+    """The attributes of a span whose status is ERROR, saying so: `latprof.span.status_error`, and
+    `error.type` from its `exception` event when the instrumentation set none (the type only: an
+    exception's message may hold data)."""
+    attrs = {**span.attrs, SPAN_STATUS_ERROR: True}
+    if not attrs.get(ERROR_TYPE):
+        for event in span.events:
+            if event.name == "exception" and event.attrs.get("exception.type"):
+                attrs[ERROR_TYPE] = str(event.attrs["exception.type"])
+                break
+    return attrs
 
 
 def route_of(span: Span) -> str:
@@ -203,6 +231,28 @@ def _service_attrs(service: str, counts: _Counts) -> Mapping[str, Any]:
     return attrs
 
 
+def _root_attrs(root: Span, attrs: Mapping[str, Any], downstream: bool) -> Mapping[str, Any]:
+    """A request root's attributes beyond its service, for `latprof.analysis.ingress_inference`: the
+    request-start header when the root span recorded it (the only header kept), and when the root is a server
+    span with another server span below it (it may be a proxy in front of that service), the root's
+    `PROXY_MARKS`, scope (`SCOPE_NAME`), method and path (query left out)."""
+    span_attrs = root[9]
+    out = dict(attrs)
+    for key in _REQUEST_START:
+        if key in span_attrs:
+            out[key] = span_attrs[key]
+    if downstream:
+        for key in PROXY_MARKS:
+            if key in span_attrs:
+                out[key] = span_attrs[key]
+        out[SCOPE_NAME] = root[8]
+        method = span_attrs.get(HTTP_REQUEST_METHOD) or span_attrs.get("http.method")
+        if method:
+            out[HTTP_REQUEST_METHOD] = method
+        out[URL_PATH] = url_path(span_attrs)
+    return out
+
+
 def _instance(span: Span, counts: _Counts) -> int:
     """A small number per emitting instance (service, instance id, host, pid): the requests' `pid`."""
     resource = span[13]
@@ -254,9 +304,11 @@ def map_trace(
             roots.append(span)
     reached = 0
     new = tuple.__new__
+    failed = STATUS_ERROR  # a local: read on every span
     for root in roots:
         request_id = trace_id if len(roots) == 1 else f"{trace_id}:{root[1]}"
         segments: list[Segment] = []
+        downstream = False  # a server span below the root: another service's, maybe behind a proxy
         start_ns, end_ns = root[5], root[6]
         reached += 1
         root_id = root[1]
@@ -274,6 +326,8 @@ def map_trace(
             parent_segment = None if parent_span is root else parent_span[1]
             if span[13] is not last_resource:
                 last_resource, pid = span[13], _instance(span, counts)
+            if span[10] == failed:
+                span = span._replace(attrs=error_attrs(span))
             child_in_llm = in_llm
             s_start, s_end = span[5], span[6]
             if span[7] != parent_span[7] and (s_start < parent_span[5] - 1_000_000 or s_end > parent_span[6] + 1_000_000):
@@ -289,13 +343,19 @@ def map_trace(
                     segments.append(new(Segment, (request_id, sid, parent_segment, span[3], None, s_start, s_end, pid, span[9])))
                 else:
                     child_in_llm = True
-                    s_end = _next_step(span, parent_span, children.get(parent_span[1], ()))
+                    # a failed answer (429, 5xx, an error) streams no body: its span ends where the call did,
+                    # and the time after it is the caller's (a retry's backoff, inferred later), not the provider's
+                    if not _failed_http(span):
+                        s_end = _next_step(span, parent_span, children.get(parent_span[1], ()))
                     attrs = {**span[9], SPLIT_UNKNOWN: True, LLM_CALL_ID: sid, ENDS_AT_NEXT_STEP: s_end != span[6]}
                     segments.append(new(Segment, (request_id, sid, parent_segment, span[3], PROVIDER, s_start, s_end, pid, attrs)))
             else:
                 if in_llm and layer == TOOL:
                     layer = None
-                own: Mapping[str, Any] = span[9] if span[4] != KIND_SERVER else {**span[9], SPAN_KIND: "server", SERVICE_NAME: span[7]}
+                own: Mapping[str, Any] = span[9]
+                if span[4] == KIND_SERVER:
+                    own = {**own, SPAN_KIND: "server", SERVICE_NAME: span[7]}
+                    downstream = True
                 segments.append(new(Segment, (request_id, sid, parent_segment, span[3], layer, s_start, s_end, pid, own)))
             if span[4] == KIND_CONSUMER:
                 queue = _messaging_queue(request_id, span, parent_segment, pid, producers)
@@ -312,9 +372,13 @@ def map_trace(
                 start_ns = min(start_ns, queue.start_ns)
         root_attrs = root[9]
         status = root_attrs.get("http.response.status_code") or root_attrs.get("http.status_code")
+        kept = _service_attrs(root[7], counts)
+        downstream = downstream and root[4] == KIND_SERVER  # a proxy's root is a server span
+        if downstream or _REQUEST_START[0] in root_attrs or _REQUEST_START[1] in root_attrs:
+            kept = _root_attrs(root, kept, downstream)
         out.requests.append(
             new(Request, (request_id, route_of(root), start_ns, end_ns, _instance(root, counts), None,
-                          status if type(status) is int else None, _service_attrs(root[7], counts)))
+                          status if type(status) is int else None, kept))
         )  # fmt: skip
         if segments:
             out.segments_by_request[request_id] = segments
@@ -324,18 +388,31 @@ def map_trace(
 
 
 def _model_call(request_id: str, span: Span, parent_segment: str | None, pid: int) -> list[Segment]:
-    """A GenAI model span: `provider` until the first chunk when recorded, `model` after."""
-    sid, start, end = span[1], span[5], span[6]
-    ttft_s = span.attrs.get(GEN_AI_TTFT)
-    if isinstance(ttft_s, (int, float)) and not isinstance(ttft_s, bool) and 0 <= ttft_s * 1e9 <= end - start:
-        first = start + int(ttft_s * 1e9)
-        attrs = {**span.attrs, LLM_CALL_ID: sid}
+    """A GenAI model span, read by its instrumentation's names (`genai_spans.read_llm_call`):
+    `provider` until the first token when recorded, `model` after; without it `provider` with
+    `latprof.ttft_known: false`. A Logfire stream's request span (it ends at the response
+    object) is `provider` time of no call of its own. Prompts and completions are left out."""
+    sid = span[1]
+    call = genai_spans.read_llm_call(span)
+    start, end, first = call.start_ns, call.end_ns, call.first_token_ns
+    if call.stream_request:
+        return [Segment(request_id, sid, parent_segment, span[3], PROVIDER, start, end, pid, call.attrs)]
+    if first is not None:  # measured: the floor and decode rules read such calls
+        attrs = {**call.attrs, LLM_CALL_ID: sid, TTFT_KNOWN: True}
         return [
             Segment(request_id, sid, parent_segment, span[3], PROVIDER, start, first, pid, attrs),
             Segment(request_id, f"{sid}.decode", parent_segment, span[3], MODEL, first, end, pid, attrs),
         ]
-    attrs = {**span.attrs, LLM_CALL_ID: sid, TTFT_KNOWN: False}
+    attrs = {**call.attrs, LLM_CALL_ID: sid, TTFT_KNOWN: False}
     return [Segment(request_id, sid, parent_segment, span[3], PROVIDER, start, end, pid, attrs)]
+
+
+def _failed_http(span: Span) -> bool:
+    """True when an HTTP client span's call failed: error status, or HTTP 429 or 5xx."""
+    if span[10] == STATUS_ERROR:
+        return True
+    status = span[9].get("http.response.status_code") or span[9].get("http.status_code")
+    return type(status) is int and (status == 429 or status >= 500)
 
 
 def _next_step(span: Span, parent: Span, siblings: Sequence[Span]) -> int:

@@ -31,7 +31,7 @@ import bisect
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from latprof.analysis.requests import NS_PER_MS, cohorts
+from latprof.analysis.requests import NS_PER_MS, Cohorts, cohorts, skip_warmup
 from latprof.events import Segment
 from latprof.layers import DB_POOL, DB_QUERY, QUEUE
 from latprof.semconv import QUEUE_SOURCE
@@ -130,6 +130,29 @@ def gap_before_first_db(rt: RequestTimeline) -> GapBeforeDb | None:
     return GapBeforeDb(min(gap_start, first.start_ns), first.start_ns, first, last_end)
 
 
+def gap_before_first_step(rt: RequestTimeline) -> GapBeforeDb | None:
+    """For a request that runs database statements: the uncovered interval from its start to its
+    first layered segment, when that segment comes before the first statement (a connection taken
+    at the top of the handler - `with pool.connection():` - then an LLM call, then the queries).
+    Its holding runs from that segment to the end of the last statement. None otherwise, or when
+    a `db.pool` segment measured the checkout."""
+    first: Segment | None = None
+    first_db = last_end = 0
+    for s in rt.segments:
+        if s.layer == DB_POOL:
+            return None
+        if s.layer is None or s.end_ns <= s.start_ns:
+            continue
+        if first is None or s.start_ns < first.start_ns:
+            first = s
+        if s.layer == DB_QUERY:
+            first_db = s.start_ns if not first_db else min(first_db, s.start_ns)
+            last_end = max(last_end, s.end_ns)
+    if first is None or not first_db or first.layer == DB_QUERY or first.start_ns >= first_db:
+        return None
+    return GapBeforeDb(min(rt.request.start_ns, first.start_ns), first.start_ns, first, last_end)
+
+
 def holders_during(waits: Sequence[tuple[int, int]], holds: Sequence[tuple[int, int]]) -> tuple[int, float]:
     """(ceiling, share): the most requests holding a connection at once, and the share of the
     total waiting time during which that many (or more) held one.
@@ -170,17 +193,45 @@ def holders_during(waits: Sequence[tuple[int, int]], holds: Sequence[tuple[int, 
     return ceiling, (covered / total if total else 0.0)
 
 
-def infer_pool_waits(timeline: Timeline) -> Timeline:
+#: A holders' ceiling of exactly this many is the default size of the worker thread pool that
+#: runs FastAPI/Starlette `def` endpoints (anyio's 40 tokens): requests waiting for a thread, not
+#: a connection, look the same when every endpoint holds a connection from its first step.
+THREADPOOL_DEFAULT_SIZE = 40
+SOURCE_GAP_BEFORE_FIRST_STEP = (
+    "the uncovered gap before the first step of each request that then runs database statements (a connection"
+    " taken at the top of the handler)"
+)
+
+
+def infer_pool_waits(timeline: Timeline, warmup_s: float = 0.0) -> Timeline:
     """The timeline with inferred `db.pool` segments when the gaps before the first database
-    span have a pool's shape (module docstring); else the same timeline."""
+    span have a pool's shape (module docstring); else, when the connection is taken before the
+    request's first step (`gap_before_first_step`), the gaps before that step; else the same timeline.
+
+    The shape is judged on the requests the analysis keeps (those after `warmup_s`, as
+    `skip_warmup`): a service's first requests, slow for their own reasons (connections opened,
+    clients built), would otherwise be the tail it is judged by."""
+    kept = {id(rt) for rt in skip_warmup(timeline.requests, warmup_s)[0]}
+    judged = [i for i, rt in enumerate(timeline.requests) if id(rt) in kept]
+    found = _infer_pool_waits(timeline, [gap_before_first_db(rt) for rt in timeline.requests], SOURCE_GAP_BEFORE_DB, judged)
+    if found is not None:
+        return found
+    leading = [gap_before_first_step(rt) for rt in timeline.requests]
+    return _infer_pool_waits(timeline, leading, SOURCE_GAP_BEFORE_FIRST_STEP, judged, THREADPOOL_DEFAULT_SIZE) or timeline
+
+
+def _infer_pool_waits(timeline: Timeline, gaps: Sequence[GapBeforeDb | None], source: str, judged: Sequence[int],
+                      not_ceiling: int | None = None) -> Timeline | None:  # fmt: skip
+    """`infer_pool_waits` on the given gaps, read as `source`, its cohorts taken among the requests
+    at the indices `judged`; None when they have no pool's shape (or the holders' ceiling is `not_ceiling`)."""
     requests = timeline.requests
-    gaps: list[GapBeforeDb | None] = [gap_before_first_db(rt) for rt in requests]
-    if sum(g is not None for g in gaps) < 3:
-        return timeline
+    if sum(gaps[i] is not None for i in judged) < 3:
+        return None
     latencies = [rt.latency_ns / NS_PER_MS for rt in requests]
-    groups = cohorts(latencies)
+    ranked = cohorts([latencies[i] for i in judged])
+    groups = Cohorts(*(tuple(judged[i] for i in cohort) for cohort in (ranked.median, ranked.tail, ranked.tail5)))
     if not groups.tail or not groups.median:
-        return timeline
+        return None
 
     def mean_gap_ms(cohort: Sequence[int]) -> float:
         values = [gaps[i].gap_ns if gaps[i] is not None else 0 for i in cohort]  # type: ignore[union-attr]
@@ -192,26 +243,27 @@ def infer_pool_waits(timeline: Timeline) -> Timeline:
     tail_gap, median_gap = mean_gap_ms(groups.tail), mean_gap_ms(groups.median)
     excess = mean_latency(groups.tail) - mean_latency(groups.median)
     if tail_gap < MIN_TAIL_GAP_MS or tail_gap < MIN_SHARE_OF_EXCESS * excess:
-        return timeline
+        return None
     if median_gap > max(MAX_MEDIAN_GAP_MS, MAX_MEDIAN_GAP_RATIO * tail_gap):
-        return timeline
-    found = [g for g in gaps if g is not None]
+        return None
+    found = [g for g in (gaps[i] for i in judged) if g is not None]
     waits = [(g.start_ns, g.end_ns) for g in found if g.gap_ns >= NS_PER_MS]
     holds = [(g.end_ns, g.hold_end_ns) for g in found]
     ceiling, share = holders_during(waits, holds)
-    if ceiling < 1 or share < MIN_SHARE_AT_CEILING:
-        return timeline
+    if ceiling < 1 or share < MIN_SHARE_AT_CEILING or ceiling == not_ceiling:
+        return None
     attrs: dict[str, Any] = {
         INFERRED: True,
-        INFERRED_FROM: SOURCE_GAP_BEFORE_DB,
+        INFERRED_FROM: source,
         INFERRED_CEILING: ceiling,
         INFERRED_AT_CEILING: round(share, 4),
         INFERRED_TAIL_GAP_MS: round(tail_gap, 3),
         INFERRED_MEDIAN_GAP_MS: round(median_gap, 3),
     }
     out: list[RequestTimeline] = []
-    for rt, g in zip(requests, gaps):
-        if g is None or g.gap_ns <= 0:
+    marked = set(judged)
+    for i, (rt, g) in enumerate(zip(requests, gaps)):
+        if g is None or g.gap_ns <= 0 or i not in marked:
             out.append(rt)
             continue
         first = g.first_db

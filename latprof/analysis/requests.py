@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from latprof.events import Segment
-from latprof.analysis.genai import UnstreamedSplitter, decode_ms_per_token, is_unstreamed
+from latprof.analysis.genai import is_unstreamed, unstreamed_splitter
 from latprof.layers import APP, LAYERS, MODEL, UNATTRIBUTED, effective_layer
 from latprof.analysis.retries import classify_sleeps, is_pending_sleep
 from latprof.semconv import SAMPLE_WEIGHT
@@ -735,7 +735,7 @@ def analyze(
             index(i, rt.segments)
     split_warnings: list[str] = []
     if unstreamed:
-        splitter = UnstreamedSplitter(decode_ms_per_token(by_layer[MODEL].segments if MODEL in by_layer else ()))
+        splitter = unstreamed_splitter(by_layer[MODEL].segments if MODEL in by_layer else (), (kept[i] for i in unstreamed))
         for i in unstreamed:
             kept[i] = splitter(classify_sleeps(kept[i]))
             breakdowns[i] = layer_times_ms(kept[i])

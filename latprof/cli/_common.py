@@ -157,10 +157,11 @@ class Judging:
         #: --skip-warmup when given on the command line; None: the config's, else the default
         self.warmup_s = warmup_s
 
-    def diagnose(self, paths: Sequence[Path], source_kind: str | None = None) -> Diagnosis:
+    def diagnose(self, paths: Sequence[Path], source_kind: str | None = None, trace_id: str | None = None) -> Diagnosis:
         from latprof.pipeline import run_configured
 
-        return run_configured(paths, self.config, self.classes, warmup_s=self.warmup_s, source_kind=source_kind)
+        return run_configured(paths, self.config, self.classes, warmup_s=self.warmup_s, source_kind=source_kind,
+                              trace_id=trace_id)  # fmt: skip
 
     def command(self, capture: Path) -> str:
         """`latprof analyze` of `capture` as this report was judged."""

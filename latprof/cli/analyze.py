@@ -25,16 +25,21 @@ from latprof.cli._common import (
 @output_option("report")
 @warmup_option
 @config_option
+@click.option("--trace", "trace_id", metavar="ID",
+              help="Explain the one trace with this id (hex, as a trace UI shows it) instead of the whole file.")
 @click.pass_context
 def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float,
-            config_path: Path | None) -> None:  # fmt: skip
+            config_path: Path | None, trace_id: str | None) -> None:  # fmt: skip
     """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
 
     PATHS are capture files (.jsonl or .jsonl.gz), OpenTelemetry OTLP JSON trace files (.json,
     .gz; told by content) or directories of them; several are merged. The rules run as the
-    config (`[tool.latprof]`, latprof.toml) sets them.
+    config (`[tool.latprof]`, latprof.toml) sets them. With fewer requests than a verdict needs
+    (50), or one trace picked with --trace, each request is explained instead: its critical path,
+    its longest uncovered gap, and what one request shows (N+1 calls, a timeout masking the span
+    that used the time, the first of several errors).
     """
-    diagnosis = Judging(config_path, given_warmup(ctx, warmup_s)).diagnose(paths)
+    diagnosis = Judging(config_path, given_warmup(ctx, warmup_s)).diagnose(paths, trace_id=trace_id)
     print_report(diagnosis.report, fmt, output)
     # The analysis stays referenced until here: `run` leaves without freeing it.
     KEEP_UNTIL_EXIT.append(diagnosis)

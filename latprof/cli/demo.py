@@ -45,22 +45,29 @@ from latprof.cli._common import KEEP_UNTIL_EXIT, format_option, main, output_opt
     is_flag=True,
     help="Start the service plainly and record it with `latprof attach --inject` (the hooks loaded into it for the load) instead.",
 )
+@click.option(
+    "--traces",
+    type=click.Choice(["stock", "openllmetry", "openinference", "openai-v2"]),
+    help="Start the service traced with stock OpenTelemetry (and a GenAI instrumentation of openai), sending to"
+    " `latprof receive`, and diagnose its traces instead (needs those packages installed).",
+)
 @format_option
 @output_option("report")
-def demo(scenario: str, dsn: str | None, out: Path | None, duration_s: float | None, attach: bool, inject: bool, fmt: str,
-         output: Path | None) -> None:  # fmt: skip
+def demo(scenario: str, dsn: str | None, out: Path | None, duration_s: float | None, attach: bool, inject: bool,
+         traces: str | None, fmt: str, output: Path | None) -> None:  # fmt: skip
     """Run a bundled AI service with a known fault under load, and diagnose it.
 
     Starts a local OpenAI-compatible provider and a small FastAPI + SQLAlchemy + openai service
     under `latprof run`, sends open-loop load for ~20 s, stops the service and prints the report.
     With --attach the service runs without latprof and `latprof attach` samples it meanwhile;
-    with --inject `latprof attach --inject` loads the hooks into it for the load.
+    with --inject `latprof attach --inject` loads the hooks into it for the load; with --traces it
+    runs traced by OpenTelemetry instead, and latprof diagnoses the traces it sent.
     """
-    if attach and inject:
-        raise click.UsageError("--attach and --inject: choose one")
+    if sum((attach, inject, traces is not None)) > 1:
+        raise click.UsageError("--attach, --inject and --traces: choose one")
     from latprof.demo.run import run_demo
 
     result = run_demo(scenario, dsn=dsn, capture=out, duration_s=duration_s, warmup_s=DEFAULT_WARMUP_S, attach=attach,
-                      inject=inject)  # fmt: skip
+                      inject=inject, traces=traces)  # fmt: skip
     print_report(result.report, fmt, output)
     KEEP_UNTIL_EXIT.append(result)

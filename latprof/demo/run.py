@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,7 @@ def run_demo(
     max_rate: float | None = None,
     attach: bool = False,
     inject: bool = False,
+    traces: str | None = None,
 ) -> DemoResult:
     """Run `scenario` end to end and diagnose it; the capture is kept at `capture`.
 
@@ -109,11 +111,21 @@ def run_demo(
     service plainly and diagnose it with `latprof attach` over the load instead (`max_rate` and
     `warmup_s` do not apply: attach records no requests). `inject`: start it plainly and record
     it with `latprof attach --inject` over the load (no warm-up is skipped: the hooks come in
-    after it).
+    after it). `traces`: start it traced with stock OpenTelemetry (`stock`) or also a GenAI
+    instrumentation (`latprof.demo.otel.KINDS`), exporting OTLP/HTTP to `latprof receive`, and
+    diagnose the traces it received (the capture is then OTLP JSON lines).
     """
-    if attach and inject:
-        raise ConfigError("attach and inject: choose one")
-    plainly = attach or inject
+    if sum((attach, inject, traces is not None)) > 1:
+        raise ConfigError("attach, inject and traces: choose one")
+    if traces is not None:
+        from latprof.demo import otel
+
+        if traces not in otel.KINDS:
+            raise ConfigError(f"traces={traces!r}: choose one of {', '.join(otel.KINDS)}")
+        absent = otel.missing(traces)
+        if absent:
+            raise ConfigError(f"the demo traced with {traces} needs {', '.join(absent)}: pip install {' '.join(absent)}")
+    plainly = attach or inject or traces is not None
     spec = get_scenario(scenario)
     if http not in HTTP_IMPLEMENTATIONS:
         raise ConfigError(f"http={http!r}: choose one of {', '.join(HTTP_IMPLEMENTATIONS)}")
@@ -143,7 +155,12 @@ def run_demo(
             f", --{name} {value}" for name, value in (("http", http), ("loop", loop)) if value != "auto"
         )
         say(f"scenario {spec.name}: {spec.summary} ({db_label}{server})")
-        with Provider(ProviderConfig(**spec.provider)) as provider:
+        settings = dict(spec.provider)
+        if traces is not None and traces != "stock":
+            # OpenLLMetry and OpenInference mark the first chunk of any kind as the first token: the
+            # role-only chunk goes with the first token, as OpenAI and vLLM send it (docs/genai.md)
+            settings.setdefault("role_chunk_first", False)
+        with Provider(ProviderConfig(**settings)) as provider:
             port = _free_port()
             env = {
                 **os.environ,
@@ -162,6 +179,11 @@ def run_demo(
                 sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture),
                 *(["--max-rate", f"{max_rate:g}"] if max_rate is not None else []), "--", *service,
             ]  # fmt: skip
+            receiver: subprocess.Popen[bytes] | None = None
+            receive_port = _free_port()
+            if traces is not None:
+                env.update({"LATPROF_DEMO_TRACES": traces,
+                            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{receive_port}/v1/traces"})  # fmt: skip
             log_path = workdir / "service.log"
             sampler: subprocess.Popen[bytes] | None = None
             with open(log_path, "wb") as log:
@@ -179,7 +201,9 @@ def run_demo(
                     say(
                         f"service up on {base_url} (pid {proc.pid}); {spec.rate_rps:g} requests/s for {seconds:g} s"
                     )
-                    sampler = _start_attach(proc.pid, capture, seconds, workdir, inject) if plainly else None
+                    sampler = _start_attach(proc.pid, capture, seconds, workdir, inject) if attach or inject else None
+                    if traces is not None:  # before the load: the service sends spans from its first request on
+                        receiver = _start_receive(capture, workdir, receive_port)
                     load = drive(
                         base_url,
                         spec.path,
@@ -195,6 +219,8 @@ def run_demo(
                         sampler.kill()
                         sampler.wait()
                     code = _stop(proc)
+                    if receiver is not None:  # after the service flushed its spans at shutdown
+                        _finish_receive(receiver, workdir)
             if load.errors and progress is not None:
                 say(
                     f"{load.errors} requests failed, e.g. {load.error_samples[0] if load.error_samples else '?'}"
@@ -204,7 +230,8 @@ def run_demo(
                     f"the demo service wrote no capture (exit {code}): {_tail(log_path)}"
                 )
         say(f"capture written to {capture}; diagnosing")
-        diagnosis = run_diagnosis([capture], warmup_s=None if inject else warmup_s)
+        diagnosis = run_diagnosis([capture], warmup_s=None if inject else warmup_s,
+                                  source_kind="receive" if traces is not None else None)  # fmt: skip
     return DemoResult(spec, capture, diagnosis, load)
 
 
@@ -231,6 +258,40 @@ def _finish_attach(sampler: subprocess.Popen[bytes], workdir: Path) -> None:
         raise CollectorError("latprof attach did not finish after the load") from None
     if code != 0:
         raise CollectorError(f"latprof attach exited with {code}: {_tail(workdir / 'attach.log')}")
+
+
+def _start_receive(capture: Path, workdir: Path, port: int) -> subprocess.Popen[bytes]:
+    """`latprof receive` on loopback `port`, writing what the traced service sends to `capture`;
+    returned once it accepts connections."""
+    cmd = [sys.executable, "-m", "latprof", "receive", "--listen", f"127.0.0.1:{port}", "--out", str(capture),
+           "--format", "json", "--output", str(workdir / "receive-report.json")]  # fmt: skip
+    with open(workdir / "receive.log", "wb") as log:
+        receiver = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if receiver.poll() is not None:
+            raise CollectorError(f"latprof receive exited with {receiver.returncode}: {_tail(workdir / 'receive.log')}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return receiver
+        except OSError:
+            time.sleep(0.1)
+    receiver.kill()
+    receiver.wait()
+    raise CollectorError(f"latprof receive did not listen within {START_TIMEOUT_S:g} s: {_tail(workdir / 'receive.log')}")
+
+
+def _finish_receive(receiver: subprocess.Popen[bytes], workdir: Path) -> None:
+    """SIGTERM: `latprof receive` writes what it received and its report, then exits."""
+    receiver.send_signal(signal.SIGTERM)
+    try:
+        code = receiver.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        receiver.kill()
+        receiver.wait()
+        raise CollectorError("latprof receive did not stop after the load") from None
+    if code != 0:
+        raise CollectorError(f"latprof receive exited with {code}: {_tail(workdir / 'receive.log')}")
 
 
 def _tail(path: Path, chars: int = 2000) -> str:

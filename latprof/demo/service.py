@@ -6,7 +6,9 @@ Configured by environment variables (set by `latprof.demo.run`):
 - LATPROF_DEMO_POOL_SIZE: pool size (max_overflow is always 0);
 - LATPROF_DEMO_PROVIDER_URL: base URL of the demo provider;
 - LATPROF_DEMO_THREADPOOL_TOKENS: worker threads of anyio's default limiter (sync endpoints);
-- LATPROF_DEMO_EXPORT_BLOCK_MS: how long `/export` blocks the event loop.
+- LATPROF_DEMO_EXPORT_BLOCK_MS: how long `/export` blocks the event loop;
+- LATPROF_DEMO_TRACES: traced with stock OpenTelemetry (and a GenAI instrumentation) instead of
+  latprof's hooks (`latprof.demo.otel`), for `latprof demo --traces`.
 
 Routes: `/chat` holds its connection across the streamed LLM call (the bug);
 `/chat-released` reads, releases the connection, then calls the LLM (the fix);
@@ -36,6 +38,7 @@ POOL_SIZE = int(os.environ.get("LATPROF_DEMO_POOL_SIZE", "3"))
 PROVIDER_URL = os.environ.get("LATPROF_DEMO_PROVIDER_URL", "http://127.0.0.1:8911/v1")
 THREADPOOL_TOKENS = int(os.environ.get("LATPROF_DEMO_THREADPOOL_TOKENS", "40"))
 EXPORT_BLOCK_MS = float(os.environ.get("LATPROF_DEMO_EXPORT_BLOCK_MS", "300"))
+TRACES = os.environ.get("LATPROF_DEMO_TRACES", "")
 MODEL = "latprof-demo-1"
 TABLE = "latprof_demo_messages"
 
@@ -94,9 +97,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sync_llm.close()
         await engine.dispose()
         sync_engine.dispose()
+        if tracing is not None:
+            from latprof.demo.otel import shutdown
+
+            shutdown(tracing)
 
 
 app = FastAPI(lifespan=lifespan)
+tracing: Any = None
+if TRACES:
+    from latprof.demo.otel import setup
+
+    tracing = setup(TRACES, app, [engine.sync_engine, sync_engine])
 
 
 def _messages(rows: Any, chat_id: int) -> list[ChatCompletionMessageParam]:

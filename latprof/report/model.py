@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from latprof.analysis.explain import Explanation
 from latprof.analysis.requests import NS_PER_S, Analysis, LayerStats
 from latprof.analysis.timeline import Timeline
 from latprof.engine import Finding
@@ -46,10 +48,13 @@ class Report:
     p99_over_time: list[WindowRow] = field(default_factory=list)
     window_s: float | None = None
     schema: str = SCHEMA
+    #: Each request explained (`latprof.analysis.explain`) when there are too few for a tail
+    #: verdict or one trace was picked; None otherwise (the key is then left out).
+    requests: list[Explanation] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report-v1 JSON shape."""
-        return {
+        out: dict[str, Any] = {
             "schema": self.schema,
             "source": self.source,
             "window": self.window,
@@ -89,6 +94,9 @@ class Report:
                 ],
             },
         }
+        if self.requests is not None:
+            out["requests"] = [explanation.to_dict() for explanation in self.requests]
+        return out
 
 
 def _layer_rows(analysis: Analysis) -> list[LayerRow]:
@@ -133,8 +141,15 @@ def injected_processes(timeline: Timeline) -> list[dict[str, Any]]:
     return out
 
 
-def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
-    """Assemble the report from an analysis and the findings of its rules."""
+def _explained_verdict(verdict: Verdict, explained: list[Explanation] | None) -> Verdict:
+    """A verdict that could not be given says the requests are explained one by one instead."""
+    if explained and verdict.status == "too_few_requests":
+        return dataclasses.replace(verdict, summary=f"{verdict.summary} Each request is explained on its own instead.")
+    return verdict
+
+
+def build_report(analysis: Analysis, findings: Sequence[Finding], explained: list[Explanation] | None = None) -> Report:
+    """Assemble the report from an analysis, the findings of its rules and, when made, each request explained."""
     timeline = analysis.timeline
     requests = analysis.requests
     pids = sorted(
@@ -174,7 +189,7 @@ def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
         window=window,
         latency_ms=latency,
         layers=_layer_rows(analysis),
-        verdict=decide_verdict(analysis, findings),
+        verdict=_explained_verdict(decide_verdict(analysis, findings), explained),
         findings=list(findings),
         collection=collection,
         p99_over_time=[
@@ -182,4 +197,5 @@ def build_report(analysis: Analysis, findings: Sequence[Finding]) -> Report:
             for w in analysis.windows
         ],
         window_s=size,
+        requests=explained,
     )

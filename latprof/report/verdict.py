@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from latprof.analysis.inference import INFERRED_CONFIDENCE, Inference
 from latprof.analysis.requests import MIN_REQUESTS_FOR_VERDICT, TAIL_RATIO, Analysis
 from latprof.engine import Finding, fmt_ms
+from latprof.semconv import SPLIT_UNKNOWN
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, PROVIDER, QUEUE, UNATTRIBUTED
 
 if TYPE_CHECKING:
@@ -35,6 +36,13 @@ AT_CAPACITY = "at_capacity"
 
 #: When the leading layer does not also lead the slowest 5%, its confidence is scaled by this.
 NOT_LEADING_TAIL5_FACTOR = 0.5
+#: A `provider` verdict whose tail time is mostly in LLM HTTP spans (`latprof.split_unknown`: the
+#: span ends at the response headers and is extended to the caller's next step, so waiting for the
+#: first token and the model's decode are one block) is believed at most this much: below 0.5,
+#: because a long output (`model`) looks exactly the same from these spans.
+SPLIT_UNKNOWN_CONFIDENCE = 0.4
+#: ... when at least this share of the tail cohort's provider time is in such segments.
+MIN_SPLIT_UNKNOWN_SHARE = 0.5
 
 # How the verdict sentence says what the tail did in each layer: "... {phrase} than the median".
 _PHRASES = {
@@ -169,7 +177,8 @@ def _of_requests(analysis: Analysis, findings: Sequence[Finding]) -> Verdict:
             f" tail excess ({fmt_ms(unattributed.tail_excess_ms)} of {fmt_ms(total_excess)}) is unattributed;"
             f" {hint}."
         )
-        confidence = max(0.0, 1.0 - attributed_excess / total_excess) if total_excess > 0 else 0.0
+        # attributed excess can be negative (layers faster in the tail): the confidence stays within [0, 1]
+        confidence = min(1.0, max(0.0, 1.0 - attributed_excess / total_excess)) if total_excess > 0 else 0.0
         return Verdict(
             UNATTRIBUTED,
             rule_for(UNATTRIBUTED, findings),
@@ -189,7 +198,28 @@ def _of_requests(analysis: Analysis, findings: Sequence[Finding]) -> Verdict:
     if not leads_tail5:
         leader = max(analysis.layers.values(), key=lambda s: s.tail5_excess_ms)
         summary += f"; across the slowest 5% {leader.layer} leads instead"
+    if top.layer == PROVIDER and _provider_split_unknown(analysis):
+        confidence = min(confidence, SPLIT_UNKNOWN_CONFIDENCE)
+        summary += (
+            "; but the LLM calls are HTTP spans that end at the response headers, so waiting for the first token"
+            " (provider) and decoding a long answer (model) cannot be told apart: a GenAI instrumentation that"
+            " records the first token, or `latprof run`, would tell"
+        )
     return _named(top.layer, round(top.share_of_tail_excess, 4), confidence, summary + ".", findings)
+
+
+def _provider_split_unknown(analysis: Analysis) -> bool:
+    """True when most of the tail cohort's `provider` time is in segments whose first token and
+    decode were not told apart (`latprof.split_unknown`: LLM HTTP client spans)."""
+    tail = set(analysis.groups.tail)
+    total = unknown = 0
+    for i, segment in analysis.segments(PROVIDER):
+        if i in tail:
+            took = segment.end_ns - segment.start_ns
+            total += took
+            if segment.attrs.get(SPLIT_UNKNOWN):
+                unknown += took
+    return total > 0 and unknown >= MIN_SPLIT_UNKNOWN_SHARE * total
 
 
 def _typical_layer(analysis: Analysis) -> str | None:

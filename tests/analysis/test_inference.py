@@ -1,4 +1,4 @@
-"""Inferring pool waits from trace gaps (latprof.analysis.inference) on simulated pools with known answers."""
+"""Inferences from trace shapes (latprof.analysis.inference, span_inference) on simulated requests with known answers: pool waits, queues, retries, and an LLM tail whose decode is invisible."""
 
 from __future__ import annotations
 
@@ -78,6 +78,21 @@ def test_a_pool_at_its_ceiling_gives_inferred_db_pool_and_the_verdict_says_so():
     assert report.verdict.confidence <= finding.confidence and "inferred from" in report.verdict.summary
 
 
+def test_the_pool_shape_is_judged_after_the_warm_up_as_the_analysis_is():
+    """The service's first requests are slow for their own reasons (a connection opened, a client
+    built) and would be the slowest 1% if counted; the analysis leaves them out, so must the inference."""
+    requests = pooled()
+    warm = [req(-2000.0 + 10 * k, -2000.0 + 10 * k + 1200, seg(DB_QUERY, -2000.0 + 10 * k, -2000.0 + 10 * k + 1100, name="SELECT"),
+                seg(PROVIDER, -2000.0 + 10 * k + 1100, -2000.0 + 10 * k + 1190, name="POST")) for k in range(4)]  # fmt: skip
+    tl = timeline(warm + requests, source_kind="otlp")
+    assert infer_pool_waits(tl, warmup_s=0) is tl  # judged with them, the tail is theirs: no gap before a statement
+    inferred = infer_pool_waits(tl, warmup_s=1.0)
+    assert any(s.layer == DB_POOL for rt in inferred.requests for s in rt.segments)
+    analysis = analyze(inferred, warmup_s=1.0)
+    report = build_report(analysis, run_rules(analysis, default_rules()))
+    assert (report.verdict.layer, report.verdict.rule) == (DB_POOL, "db-pool-exhaustion"), report.verdict
+
+
 def test_does_not_infer_when_gaps_have_no_ceiling_behind_them():
     """The same tail gaps, but from the request's own code: holders never queue at a ceiling."""
     rng = random.Random(2)
@@ -149,3 +164,125 @@ def test_root_spans_back_to_back_at_a_ceiling_are_a_warning_naming_both_causes()
     tl = timeline(requests, source_kind="otlp")
     [warning] = infer_queueing(tl).warnings
     assert "fixed concurrency of 1" in warning and "closed-loop" in warning and "latprof run" in warning
+
+
+# --- retries inferred from a failed client span and the next one to the same target ----------------
+
+from latprof.analysis.span_inference import MIN_BACKOFF_NS, infer_from_spans, infer_retries, retries_in  # noqa: E402
+from latprof.layers import RETRY  # noqa: E402
+from latprof.semconv import HTTP_STATUS_CODE, RETRY_AFTER_STATUS, SERVER_ADDRESS, SPAN_STATUS_ERROR  # noqa: E402
+
+LLM = {SERVER_ADDRESS: "127.0.0.1"}
+
+
+def rate_limited(n: int = 300, *, every: int = 20, backoff_ms: float = 400.0, seed: int = 3) -> list[RequestTimeline]:
+    """Requests each calling the LLM once; every `every`-th gets a 429 first, sleeps `backoff_ms`
+    (a hand-written loop: no span for the sleep) and calls again."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        t = i * 1000.0
+        llm = rng.uniform(150, 170)
+        if i % every == every - 1:
+            failed = seg(PROVIDER, t + 2, t + 12, name="POST", parent="root", **{**LLM, HTTP_STATUS_CODE: 429, SPAN_STATUS_ERROR: True})
+            retried = seg(PROVIDER, t + 12 + backoff_ms, t + 12 + backoff_ms + llm, name="POST", parent="root", **{**LLM, HTTP_STATUS_CODE: 200})
+            out.append(req(t, t + 13 + backoff_ms + llm, failed, retried))
+        else:
+            out.append(req(t, t + 3 + llm, seg(PROVIDER, t + 2, t + 2 + llm, name="POST", parent="root", **{**LLM, HTTP_STATUS_CODE: 200})))
+    return out
+
+
+def test_the_gap_after_a_failed_call_before_the_same_call_is_an_inferred_retry():
+    rt = rate_limited(20)[19]
+    [backoff] = retries_in(rt)
+    assert backoff.layer == RETRY and backoff.attrs[INFERRED] is True and backoff.attrs[RETRY_AFTER_STATUS] == 429
+    assert backoff.end_ns - backoff.start_ns == 400_000_000
+
+
+def test_inferred_retries_give_the_retry_verdict_inferred_and_no_surer_than_inferred():
+    tl = infer_from_spans(timeline(rate_limited(), source_kind="otlp"))
+    analysis = analyze(tl, warmup_s=0)
+    findings = run_rules(analysis, default_rules())
+    report = build_report(analysis, findings)
+    assert (report.verdict.layer, report.verdict.rule) == (RETRY, "retry-backoff"), report.verdict
+    [finding] = [f for f in findings if f.rule == "retry-backoff"]
+    assert finding.evidence["inferred"] is True and finding.confidence <= 0.6
+    assert report.verdict.confidence <= finding.confidence and "nferred" in report.verdict.summary
+
+
+def test_does_not_infer_a_retry_when_an_llm_call_sits_between_two_calls_of_a_tool():
+    """An agent loop: the tool fails, the LLM is asked again, then the tool is called again."""
+    tool = {SERVER_ADDRESS: "tools.internal"}
+    failed = seg(TOOL, 0, 10, name="GET /search", parent="root", **{**tool, HTTP_STATUS_CODE: 503})
+    llm = seg(PROVIDER, 10, 300, name="POST", parent="root", **LLM)
+    again = seg(TOOL, 300, 320, name="GET /search", parent="root", **{**tool, HTTP_STATUS_CODE: 200})
+    assert retries_in(req(0, 330, failed, llm, again)) == []
+
+
+def test_does_not_infer_a_retry_after_a_call_that_succeeded_or_without_a_gap():
+    ok = seg(TOOL, 0, 10, name="GET /a", parent="root", **{SERVER_ADDRESS: "h", HTTP_STATUS_CODE: 200})
+    assert retries_in(req(0, 300, ok, seg(TOOL, 200, 210, name="GET /a", parent="root", **{SERVER_ADDRESS: "h"}))) == []
+    failed = seg(TOOL, 0, 10, name="GET /a", parent="root", **{SERVER_ADDRESS: "h", HTTP_STATUS_CODE: 500})
+    soon = seg(TOOL, 10 + MIN_BACKOFF_NS / 2e6, 20, name="GET /a", parent="root", **{SERVER_ADDRESS: "h"})
+    assert retries_in(req(0, 30, failed, soon)) == []
+    tl = timeline(rate_limited(every=10**6), source_kind="otlp")
+    assert infer_retries(tl) is tl
+
+
+# --- a provider tail from LLM HTTP spans, where first token and decode are one block ------------
+
+from latprof.semconv import SPLIT_UNKNOWN  # noqa: E402
+
+
+def llm_tail(n: int = 300, **attrs: object) -> list[RequestTimeline]:
+    """Requests that are one LLM call each, 1 in 25 three times as long."""
+    out = []
+    for i in range(n):
+        t, llm = i * 1000.0, (600.0 if i % 25 == 24 else 200.0) + (i % 7)
+        out.append(req(t, t + llm + 2, seg(PROVIDER, t + 1, t + 1 + llm, name="POST", **attrs)))
+    return out
+
+
+def test_a_provider_tail_in_llm_http_spans_is_named_below_half_confidence_saying_what_would_tell():
+    analysis = analyze(timeline(llm_tail(**{SPLIT_UNKNOWN: True}), source_kind="otlp"), warmup_s=0)
+    report = build_report(analysis, run_rules(analysis, default_rules()))
+    assert report.verdict.layer in (PROVIDER, "unattributed") and report.verdict.confidence < 0.5, report.verdict
+    assert "cannot be told apart" in report.verdict.summary and "GenAI instrumentation" in report.verdict.summary
+
+
+def test_does_not_lower_a_provider_verdict_whose_first_token_was_measured():
+    analysis = analyze(timeline(llm_tail(), source_kind="otlp"), warmup_s=0)
+    report = build_report(analysis, run_rules(analysis, default_rules()))
+    assert report.verdict.layer == PROVIDER and report.verdict.confidence >= 0.5, report.verdict
+    assert "cannot be told apart" not in report.verdict.summary
+
+
+# --- a connection taken at the top of a handler: the wait is before its first step ------------------
+
+from latprof.analysis.inference import SOURCE_GAP_BEFORE_FIRST_STEP, gap_before_first_step  # noqa: E402
+from latprof.analysis.inference import INFERRED_FROM  # noqa: E402
+
+
+def llm_first(requests: list[RequestTimeline]) -> list[RequestTimeline]:
+    """The same requests with their first statement dropped: the LLM call comes first, then a statement."""
+    return [RequestTimeline(rt.request, tuple(s for s in rt.segments if s.name != "SELECT")) for rt in requests]
+
+
+def test_a_pool_taken_before_the_llm_call_gives_inferred_db_pool_from_the_gap_before_the_first_step():
+    tl = timeline(llm_first(pooled()), source_kind="otlp")
+    inferred = infer_pool_waits(tl)
+    waits = [s for rt in inferred.requests for s in rt.segments if s.layer == DB_POOL]
+    assert waits and all(s.attrs[INFERRED_FROM] == SOURCE_GAP_BEFORE_FIRST_STEP for s in waits)
+    assert waits[0].attrs[INFERRED_CEILING] == 3
+    assert gap_before_first_step(req(0, 10, seg(DB_QUERY, 1, 2), seg(PROVIDER, 2, 9))) is None  # a statement first
+
+
+def test_does_not_infer_a_pool_from_own_work_before_the_first_step():
+    rng = random.Random(2)
+    requests = []
+    for i in range(400):
+        t = i * 100.0
+        pre = 400.0 if i % 40 == 39 else rng.uniform(0.0, 1.0)
+        requests.append(req(t, t + pre + 170, seg(PROVIDER, t + pre, t + pre + 165), seg(DB_QUERY, t + pre + 165, t + pre + 168)))
+    tl = timeline(requests, source_kind="otlp")
+    assert infer_pool_waits(tl) is tl

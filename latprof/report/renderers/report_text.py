@@ -49,6 +49,10 @@ def print_report(report: Report, console: Console) -> None:
         console.print(Text("Findings", style="bold"))
         for finding in report.findings:
             console.print(_finding(finding, report.source.get("kind") == "attach"))
+    if report.requests:
+        console.print()
+        for part in _explained(report):
+            console.print(part)
     spark = _sparkline(report)
     if spark is not None:
         console.print()
@@ -121,6 +125,51 @@ def _layer_table(report: Report, width: int) -> Table:
             cells.append(DESCRIPTIONS.get(row.layer, ""))
         table.add_row(*cells)
     return table
+
+
+def _explained(report: Report) -> list[Any]:
+    """Each request explained: its critical path by layer and by span, its longest uncovered gap, its findings."""
+    explained = report.requests or []
+    recorded = report.collection.get("recorded_requests")
+    total = len(explained) if not isinstance(recorded, int) else max(len(explained), recorded + int(report.collection.get("warmup_requests_skipped") or 0))
+    parts: list[Any] = [Text(f"Each request explained ({'the slowest ' + str(len(explained)) + ' of ' + str(total) if total > len(explained) else len(explained)})",
+                             style="bold")]  # fmt: skip
+    for e in explained:
+        head = Text()
+        head.append(e.route, style="bold")
+        if e.service:
+            head.append(f"  [{e.service}]")
+        head.append(f"  {fmt_ms(e.latency_ms)}")
+        if e.status_code is not None:
+            head.append(f"  status {e.status_code}")
+        head.append(f"  {e.request_id}", style="dim")
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column()
+        total_ms = e.latency_ms or 1.0
+        grid.add_row("critical path", Text(" · ".join(f"{layer} {fmt_ms(ms)} ({ms / total_ms:.0%})"
+                                                for layer, ms in sorted(e.layers.items(), key=lambda kv: -kv[1]))))  # fmt: skip
+        if e.path:
+            grid.add_row("longest spans", Text("\n".join(
+                f"{p.name}{f' [{p.service}]' if p.service else ''}  {p.layer or 'no layer'}  {fmt_ms(p.ms)} ({p.share:.0%})" for p in e.path
+            )))  # fmt: skip
+        if e.gap is not None and e.gap.ms > 0:
+            where = f"inside {e.gap.inside}" + (f", after {e.gap.after}" if e.gap.after else "") + (f", before {e.gap.before}" if e.gap.before else "")
+            grid.add_row("longest gap", Text(f"{fmt_ms(e.gap.ms)} no span explains, at +{fmt_ms(e.gap.start_offset_ms)} {where}"))
+        items: list[Any] = [head, Padding(grid, (0, 0, 0, 2))]
+        for finding in e.findings:
+            line = Text()
+            line.append(f"● {finding.severity:<8}", style=_SEVERITY_STYLE.get(finding.severity, ""))
+            line.append(f" {finding.kind}", style="bold")
+            if finding.impact_ms > 0:
+                line.append(f"  impact {fmt_ms(finding.impact_ms)}")
+            inferred = " (inferred)" if finding.evidence.get("inferred") else ""
+            line.append(f"  confidence {finding.confidence:.2f}{inferred}", style="dim")
+            fix = Text("fix: ", style="green")
+            fix.append(finding.fix)
+            items.append(Padding(Group(line, Padding(Text(finding.summary), (0, 0, 0, 2)), Padding(fix, (0, 0, 0, 2))), (0, 0, 0, 2)))
+        parts.append(Group(*items))
+    return parts
 
 
 def _ms(value: float | None) -> str:

@@ -249,13 +249,13 @@ class _Driver:
 # --- the service ----------------------------------------------------------------------------------
 
 
-def _no_proxy_get(url: str, timeout: float) -> bytes:
+def no_proxy_get(url: str, timeout: float) -> bytes:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=timeout) as response:
         return bytes(response.read())
 
 
-def _log_tail(path: Path, lines: int = 40) -> str:
+def log_tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -271,12 +271,12 @@ def _start_app(port: int, env: dict[str, str], log_path: Path) -> subprocess.Pop
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         try:
-            _no_proxy_get(f"http://127.0.0.1:{port}/health", 1)
+            no_proxy_get(f"http://127.0.0.1:{port}/health", 1)
             return proc
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
-                _stop_app(proc)
-                pytest.fail(f"the traced app did not start:\n{_log_tail(log_path)}")
+                stop_app(proc)
+                pytest.fail(f"the traced app did not start:\n{log_tail(log_path)}")
             time.sleep(0.1)
 
 
@@ -292,17 +292,18 @@ def _start_backend(exporter_env: Mapping[str, str], log_path: Path) -> tuple[sub
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         try:
-            _no_proxy_get(f"http://127.0.0.1:{port}/health", 1)
+            no_proxy_get(f"http://127.0.0.1:{port}/health", 1)
             return proc, f"http://127.0.0.1:{port}"
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
-                _stop_app(proc)
-                pytest.fail(f"the traced backend did not start:\n{_log_tail(log_path)}")
+                stop_app(proc)
+                pytest.fail(f"the traced backend did not start:\n{log_tail(log_path)}")
             time.sleep(0.1)
 
 
-def _stop_app(proc: subprocess.Popen[bytes]) -> int:
-    """SIGTERM (uvicorn's graceful shutdown: the lifespan flushes the spans), SIGKILL if it hangs; the exit code."""
+def stop_app(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM (a graceful shutdown: uvicorn's lifespan or gunicorn's worker exit flushes the spans), SIGKILL if it
+    hangs; the exit code."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -374,13 +375,13 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
             try:
                 driver.run(spec.clients, spec.duration_s, spec.burst, spec.burst_every_s, spec.burst_offset_s)
             finally:
-                code = _stop_app(proc)
+                code = stop_app(proc)
             if receiver is not None:  # (the caller's receiver has every span once the app exited: the exporter awaited each reply)
                 receiver.wait_idle(0.3, timeout=10)
             if backend is not None:
-                backend_code = _stop_app(backend[0])
+                backend_code = stop_app(backend[0])
                 if backend_code not in (0, -signal.SIGTERM):
-                    pytest.fail(f"the traced backend exited with {backend_code}:\n{_log_tail(tmp_path / 'backend.log')}")
+                    pytest.fail(f"the traced backend exited with {backend_code}:\n{log_tail(tmp_path / 'backend.log')}")
                 backend = None
                 if receiver is not None:
                     receiver.wait_idle(0.3, timeout=10)
@@ -388,7 +389,7 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
             if tools is not None:
                 tools.__exit__(None, None, None)
             if backend is not None:
-                _stop_app(backend[0])
+                stop_app(backend[0])
     results = sorted(driver.results, key=lambda r: r["start_s"])
     (tmp_path / "driver.json").write_text(json.dumps({"scenario": scenario, "db": db if spec.uses_db else None,
                                                       "settings": dataclasses.asdict(spec), "exit_code": code,
@@ -397,8 +398,8 @@ def record_otlp(tmp_path: Path, scenario: str, *, db: str = "sqlalchemy", client
                                                       "requests": results}))  # fmt: skip
     failed = [r for r in results if r["status"] != 200]
     if failed:
-        pytest.fail(f"{len(failed)} of {len(results)} requests failed, e.g. {failed[:3]}\n{_log_tail(log_path)}")
+        pytest.fail(f"{len(failed)} of {len(results)} requests failed, e.g. {failed[:3]}\n{log_tail(log_path)}")
     # uvicorn re-raises the SIGTERM it handled once shut down: -15 is a clean exit too
     if code not in (0, -signal.SIGTERM) or f"{FLUSHED_MARK} True" not in log_path.read_text(errors="replace"):
-        pytest.fail(f"the traced app exited with {code} after SIGTERM, without flushing its spans:\n{_log_tail(log_path)}")
+        pytest.fail(f"the traced app exited with {code} after SIGTERM, without flushing its spans:\n{log_tail(log_path)}")
     return out if receiver is not None else tmp_path / "driver.json"

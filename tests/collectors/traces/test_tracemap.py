@@ -8,8 +8,8 @@ from typing import Any
 from latprof.analysis.requests import layer_times_ms
 from latprof.events import Request
 from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, TOOL, UNATTRIBUTED
-from latprof.semconv import LLM_CALL_ID, SPLIT_UNKNOWN, TTFT_KNOWN
-from latprof.collectors.traces.spans import KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER, Span, SpanLink
+from latprof.semconv import ERROR_TYPE, LLM_CALL_ID, SPAN_STATUS_ERROR, SPLIT_UNKNOWN, TTFT_KNOWN
+from latprof.collectors.traces.spans import KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, Span, SpanEvent, SpanLink
 from latprof.analysis.timeline import RequestTimeline
 from latprof.collectors.traces.tracemap import ENDS_AT_NEXT_STEP, SQLALCHEMY_SCOPE, classify, map_spans, route_of, url_path
 
@@ -89,6 +89,8 @@ def test_genai_spans_split_at_the_first_chunk_and_wrappers_own_nothing():
     segments = map_spans([root, agent, chat, inner_http, tool, unstreamed]).segments_by_request["a" * 32]
     [later] = [s for s in segments if s.start_ns == ms(700)]
     assert later.attrs[TTFT_KNOWN] is False  # no first-chunk time: the analysis estimates its decode
+    [first] = [s for s in segments if s.start_ns == ms(10) and s.layer == PROVIDER]
+    assert first.attrs[TTFT_KNOWN] is True  # measured: the provider-floor rule reads it
     [transport] = [s for s in segments if s.segment_id == inner_http.span_id]
     assert transport.layer is None
 
@@ -151,3 +153,18 @@ def test_the_instances_behind_the_pids_are_kept_with_their_service():
     [segment] = events.segments_by_request["a" * 32]
     assert events.instances[events.requests[0].pid] == {"service.name": "api", "service.instance.id": "i-1", "host.name": "h"}
     assert events.instances[segment.pid] == {"service.name": "db-svc"}
+
+
+def test_an_errored_span_says_so_with_its_exception_type_but_not_its_message():
+    root = server(0, 300)
+    failed = span("GET", 10, 50, parent=root, kind=KIND_CLIENT, **{"http.request.method": "GET", "url.full": "http://127.0.0.1:9/x"})
+    failed = failed._replace(status_code=STATUS_ERROR, events=(SpanEvent("exception", ms(49), {"exception.type": "httpx.ReadTimeout", "exception.message": "secret"}),))
+    typed = span("GET", 60, 90, parent=root, kind=KIND_CLIENT, **{"http.request.method": "GET", "error.type": "500"})._replace(status_code=STATUS_ERROR)
+    fine = span("GET", 100, 120, parent=root, kind=KIND_CLIENT, **{"http.request.method": "GET"})
+    events = map_spans([root, failed, typed, fine])
+    by_id = {s.segment_id: s for s in events.segments_by_request[events.requests[0].request_id]}
+    assert by_id[failed.span_id].attrs[SPAN_STATUS_ERROR] is True
+    assert by_id[failed.span_id].attrs[ERROR_TYPE] == "httpx.ReadTimeout"
+    assert "secret" not in repr(by_id[failed.span_id].attrs)
+    assert by_id[typed.span_id].attrs[ERROR_TYPE] == "500"  # the instrumentation's own, kept
+    assert SPAN_STATUS_ERROR not in by_id[fine.span_id].attrs

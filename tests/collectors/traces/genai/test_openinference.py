@@ -1,0 +1,58 @@
+"""OpenInference's openai instrumentation (Arize Phoenix): its spans read as latprof's LLM calls.
+
+OpenInference marks an LLM span with `openinference.span.kind: LLM` (no `gen_ai.operation.name`),
+names the model `llm.model_name` and the tokens `llm.token_count.prompt`/`completion`, and adds a
+`First Token Stream Event` when a stream's first chunk arrives. It records prompts and answers
+(`input.value`, `llm.input_messages.*`, ...) by default. Run by `nox -s genai_openinference`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+
+pytest.importorskip("openinference.instrumentation.openai")
+
+from genai_calls import (  # noqa: E402
+    Recording,
+    assert_no_content,
+    assert_streamed_calls_split_at_the_first_token,
+    assert_unstreamed_calls_are_split_by_the_fit,
+    record_calls,
+)
+from openinference.instrumentation.openai import OpenAIInstrumentor  # noqa: E402
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
+
+
+def _export(endpoint: str) -> Callable[[], None]:
+    """The stock SDK exporting OTLP/HTTP to `endpoint`, and OpenInference instrumenting openai."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "genai-openinference"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    trace.set_tracer_provider(provider)
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    return lambda: None if provider.force_flush() else pytest.fail("spans not flushed")
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
+    # OpenAI sends the role with the first token; a role-only chunk sent at once would be OpenInference's "first token"
+    return record_calls(tmp_path_factory.mktemp("openinference"), _export, role_chunk_first=False)
+
+
+def test_streamed_calls_are_split_at_the_first_token_event(recording: Recording) -> None:
+    assert_streamed_calls_split_at_the_first_token(recording.requests())
+
+
+def test_non_streamed_calls_have_no_ttft_and_are_split_by_the_fit(recording: Recording) -> None:
+    assert_unstreamed_calls_are_split_by_the_fit(recording.requests())
+
+
+def test_the_report_carries_no_prompt_and_no_answer(recording: Recording) -> None:
+    raw = recording.path.read_text()
+    assert recording.canary in raw and recording.answers[0] in raw  # the instrumentation recorded them
+    assert_no_content(recording, recording.report_json())
