@@ -1,6 +1,6 @@
 """Benchmark analysing OTLP JSON traces against the floor of parsing the same file with orjson alone.
 
-    python benchmarks/bench_otlp.py [--spans 1000000] [--rounds 5] [--file PATH]
+    python benchmarks/bench_otlp.py [--spans 1000000] [--rounds 5] [--file PATH] [--against REV]
 
 Generates (once, cached in the temp directory) Collector `file` exporter lines with
 benchmarks/gen_otlp.py: 1M spans, 10 a trace, 3-5 attributes each, 512 spans a line. Each
@@ -10,6 +10,10 @@ analyze FILE --format json` does: read, map spans to layers, infer, analyse, run
 render the report. Each child times its own work (interpreter start and imports excluded) and
 the parent reads its peak RSS. The machine is noisy, so the ratios are taken within each
 round and the median round is reported.
+
+`--against REV` adds (d): the same analysis by the code of git revision REV (a temporary
+worktree, imported ahead of this checkout), in the same rotation, so a change's cost is a ratio
+taken side by side within each round rather than across runs on a noisy machine.
 """
 
 from __future__ import annotations
@@ -55,9 +59,11 @@ os._exit(0)
 """
 
 
-def timed(code: str, path: Path) -> tuple[float, list[str], float]:
-    """Run `code` on `path` in a fresh interpreter; return (its own seconds, its other output, its peak RSS in MiB)."""
-    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+def timed(code: str, path: Path, root: Path = HERE.parent) -> tuple[float, list[str], float]:
+    """Run `code` on `path` in a fresh interpreter importing latprof from `root`; return (its own
+    seconds, its other output, its peak RSS in MiB)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, cwd=root, env=env)
     assert proc.stdout is not None
     output = proc.stdout.read().split()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -72,7 +78,22 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--file", type=Path, help="an existing OTLP JSON lines file to use instead of generating one")
+    parser.add_argument("--against", metavar="REV", help="also time the analysis by git revision REV, side by side")
     args = parser.parse_args()
+    if args.against:
+        with tempfile.TemporaryDirectory(prefix="latprof-bench-rev-") as tmp:
+            worktree = Path(tmp) / "tree"
+            subprocess.run(["git", "worktree", "add", "-q", "--detach", str(worktree), args.against], cwd=HERE.parent, check=True)
+            try:
+                run(args, worktree)
+            finally:
+                subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=HERE.parent, check=False)
+    else:
+        run(args, None)
+
+
+def run(args: argparse.Namespace, against: Path | None) -> None:
+    """Generate the file if needed, then the rounds; with `against`, the analysis by that tree too."""
 
     path = args.file or Path(tempfile.gettempdir()) / "latprof-bench-otlp" / f"spans-{args.spans}.json"
     if not path.exists():
@@ -89,11 +110,15 @@ def main() -> None:
     print(f"file: {path} ({path.stat().st_size / 2**20:.0f} MiB, {lines:,} lines)")
 
     codes = {"floor": FLOOR, "reader": READER, "analyze": ANALYZE}
+    roots = {name: HERE.parent for name in codes}
+    if against is not None:
+        codes["against"], roots["against"] = ANALYZE, against
     rows = []
+    changes = []
     spans = 0
     for i in range(args.rounds):
-        order = list(codes)[i % 3:] + list(codes)[: i % 3]
-        result = {name: timed(codes[name], path) for name in order}
+        order = list(codes)[i % len(codes):] + list(codes)[: i % len(codes)]
+        result = {name: timed(codes[name], path, roots[name]) for name in order}
         floor_s, _, _ = result["floor"]
         reader_s, out, reader_rss = result["reader"]
         analyze_s, verdict, analyze_rss = result["analyze"]
@@ -104,6 +129,13 @@ def main() -> None:
             f" | analyze {analyze_s:.2f} s ({spans / analyze_s:,.0f} spans/s, {verdict[0]} requests, verdict {verdict[1]},"
             f" peak RSS {analyze_rss:,.0f} MiB) | ratio {analyze_s / floor_s:.2f}x"
         )
+        if against is not None:
+            against_s, against_verdict, against_rss = result["against"]
+            changes.append(analyze_s / against_s)
+            print(
+                f"         {args.against}: analyze {against_s:.2f} s ({against_verdict[0]} requests, verdict"
+                f" {against_verdict[1]}, peak RSS {against_rss:,.0f} MiB) | this tree / {args.against} {changes[-1]:.3f}"
+            )
     floor_s, reader_s, analyze_s, ratio, reader_rss, analyze_rss = sorted(rows, key=lambda r: r[3])[len(rows) // 2]
     print(
         f"median round: floor {floor_s:.2f} s, reader {reader_s:.2f} s ({reader_s / floor_s:.2f}x, peak RSS"
@@ -111,6 +143,11 @@ def main() -> None:
         f" {spans / analyze_s:,.0f} spans/s, peak RSS {analyze_rss:,.0f} MiB;"
         f" ratios over rounds: {', '.join(f'{r[3]:.2f}' for r in rows)} (spread {statistics.pstdev([r[3] for r in rows]):.2f})"
     )
+    if changes:
+        print(
+            f"this tree against {args.against}: median {statistics.median(changes):.3f}x"
+            f" (rounds: {', '.join(f'{c:.3f}' for c in changes)})"
+        )
 
 
 if __name__ == "__main__":

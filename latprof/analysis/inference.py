@@ -112,22 +112,7 @@ def gap_before_first_db(rt: RequestTimeline) -> GapBeforeDb | None:
     It starts where the latest layered segment that began earlier ended (clipped to the
     database span's start), or at the request's start. None when the request has no database
     span or already has a `db.pool` segment (a measured checkout)."""
-    first: Segment | None = None
-    last_end = 0
-    for s in rt.segments:
-        if s.layer == DB_POOL:
-            return None
-        if s.layer == DB_QUERY and s.end_ns > s.start_ns:
-            if first is None or s.start_ns < first.start_ns:
-                first = s
-            last_end = max(last_end, s.end_ns)
-    if first is None:
-        return None
-    gap_start = rt.request.start_ns
-    for s in rt.segments:
-        if s.layer is not None and s.start_ns < first.start_ns and s is not first:
-            gap_start = max(gap_start, min(s.end_ns, first.start_ns))
-    return GapBeforeDb(min(gap_start, first.start_ns), first.start_ns, first, last_end)
+    return leading_gaps(rt)[0]
 
 
 def gap_before_first_step(rt: RequestTimeline) -> GapBeforeDb | None:
@@ -136,21 +121,44 @@ def gap_before_first_step(rt: RequestTimeline) -> GapBeforeDb | None:
     at the top of the handler - `with pool.connection():` - then an LLM call, then the queries).
     Its holding runs from that segment to the end of the last statement. None otherwise, or when
     a `db.pool` segment measured the checkout."""
-    first: Segment | None = None
-    first_db = last_end = 0
+    return leading_gaps(rt)[1]
+
+
+def leading_gaps(rt: RequestTimeline) -> tuple[GapBeforeDb | None, GapBeforeDb | None]:
+    """(`gap_before_first_db`, `gap_before_first_step`) of `rt`, from one pass over its segments
+    (and a second over those of a request with statements): `infer_pool_waits` reads every request."""
+    # fields by index (layer 4, start 5, end 6), no calls: this runs over every segment of a trace file
+    first: Segment | None = None  # the first layered segment
+    first_db: Segment | None = None  # the first statement
+    first_start = db_start = last_end = 0
     for s in rt.segments:
-        if s.layer == DB_POOL:
-            return None
-        if s.layer is None or s.end_ns <= s.start_ns:
+        layer = s[4]
+        if layer is None:
             continue
-        if first is None or s.start_ns < first.start_ns:
-            first = s
-        if s.layer == DB_QUERY:
-            first_db = s.start_ns if not first_db else min(first_db, s.start_ns)
-            last_end = max(last_end, s.end_ns)
-    if first is None or not first_db or first.layer == DB_QUERY or first.start_ns >= first_db:
-        return None
-    return GapBeforeDb(min(rt.request.start_ns, first.start_ns), first.start_ns, first, last_end)
+        if layer == DB_POOL:
+            return None, None
+        if s[6] <= s[5]:
+            continue
+        if first is None or s[5] < first_start:
+            first, first_start = s, s[5]
+        if layer == DB_QUERY:
+            if first_db is None or s[5] < db_start:
+                first_db, db_start = s, s[5]
+            if s[6] > last_end:
+                last_end = s[6]
+    if first_db is None or first is None:
+        return None, None
+    request_start = rt.request.start_ns
+    gap_start = request_start
+    for s in rt.segments:  # the latest end of a layered segment (of any length) that began before the statement
+        if s[4] is not None and s[5] < db_start and s is not first_db:
+            end = s[6] if s[6] < db_start else db_start
+            if end > gap_start:
+                gap_start = end
+    before_db = GapBeforeDb(min(gap_start, db_start), db_start, first_db, last_end)
+    if first[4] == DB_QUERY or first_start >= db_start:
+        return before_db, None
+    return before_db, GapBeforeDb(min(request_start, first_start), first_start, first, last_end)
 
 
 def holders_during(waits: Sequence[tuple[int, int]], holds: Sequence[tuple[int, int]]) -> tuple[int, float]:
@@ -213,10 +221,11 @@ def infer_pool_waits(timeline: Timeline, warmup_s: float = 0.0) -> Timeline:
     clients built), would otherwise be the tail it is judged by."""
     kept = {id(rt) for rt in skip_warmup(timeline.requests, warmup_s)[0]}
     judged = [i for i, rt in enumerate(timeline.requests) if id(rt) in kept]
-    found = _infer_pool_waits(timeline, [gap_before_first_db(rt) for rt in timeline.requests], SOURCE_GAP_BEFORE_DB, judged)
+    gaps = [leading_gaps(rt) for rt in timeline.requests]
+    found = _infer_pool_waits(timeline, [before_db for before_db, _ in gaps], SOURCE_GAP_BEFORE_DB, judged)
     if found is not None:
         return found
-    leading = [gap_before_first_step(rt) for rt in timeline.requests]
+    leading = [before_step for _, before_step in gaps]
     return _infer_pool_waits(timeline, leading, SOURCE_GAP_BEFORE_FIRST_STEP, judged, THREADPOOL_DEFAULT_SIZE) or timeline
 
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from latprof.events import Segment
-from latprof.analysis.genai import is_unstreamed, unstreamed_splitter
-from latprof.layers import APP, LAYERS, MODEL, UNATTRIBUTED, effective_layer
-from latprof.analysis.retries import classify_sleeps, is_pending_sleep
-from latprof.semconv import SAMPLE_WEIGHT
+from latprof.analysis.genai import unstreamed_splitter
+from latprof.layers import APP, LAYERS, MODEL, PROVIDER, UNATTRIBUTED, effective_layer
+from latprof.analysis.retries import classify_sleeps
+from latprof.semconv import SAMPLE_WEIGHT, SLEEP_SEGMENT, TTFT_KNOWN
 from latprof.analysis.timeline import RequestTimeline, Timeline, gauge_instances, time_weighted_mean
 
 NS_PER_MS = 1_000_000
@@ -712,9 +712,10 @@ def analyze(
 
     def index(i: int, segments: Sequence[Segment]) -> None:
         for segment in segments:
-            entry = by_layer.get(segment.layer)
+            layer = segment[4]
+            entry = by_layer.get(layer)
             if entry is None:
-                entry = by_layer[segment.layer] = LayerIndex([], [])
+                entry = by_layer[layer] = LayerIndex([], [])
             entry.requests.append(i)
             entry.segments.append(segment)
 
@@ -722,12 +723,15 @@ def analyze(
     for i, rt in enumerate(kept):
         sleeps = False
         for segment in rt.segments:
-            if is_unstreamed(segment):
+            # `is_unstreamed` and `is_pending_sleep` inlined (fields by index: name 3, layer 4, attrs 8): every segment
+            layer = segment[4]
+            if layer is None:
+                if segment[3] == SLEEP_SEGMENT:
+                    sleeps = True
+            elif layer == PROVIDER and segment[8].get(TTFT_KNOWN) is False:
                 unstreamed.append(i)
                 breakdowns.append({})
                 break
-            if is_pending_sleep(segment):
-                sleeps = True
         else:
             if sleeps:  # which of them were backoff between attempts (latprof.analysis.retries)
                 rt = kept[i] = classify_sleeps(rt)

@@ -27,7 +27,7 @@ from latprof.analysis.timeline import RequestTimeline
 #: Layers of outbound calls whose failure a sleep can be the backoff of.
 OUTBOUND = frozenset({TOOL, PROVIDER, MODEL, DB_QUERY})
 #: The pre-1.21 HTTP semantic conventions' status code, still sent by some instrumentations.
-_OLD_HTTP_STATUS_CODE = "http.status_code"
+OLD_HTTP_STATUS_CODE = "http.status_code"
 #: A sleep begins this soon after the failed call at the latest counts as following it, and so on.
 TOLERANCE_NS = 1_000_000
 
@@ -41,7 +41,7 @@ def failure_of(call: Segment) -> tuple[str, object] | None:
     """(attribute, value) saying how `call` failed - its HTTP status when 429 or 5xx (either
     convention's attribute), else its `error.type`, else a span's error status - or None when it
     did not (or may not have)."""
-    for key in (HTTP_STATUS_CODE, _OLD_HTTP_STATUS_CODE):
+    for key in (HTTP_STATUS_CODE, OLD_HTTP_STATUS_CODE):
         status = call.attrs.get(key)
         if isinstance(status, int) and (status == 429 or status >= 500):
             return RETRY_AFTER_STATUS, status

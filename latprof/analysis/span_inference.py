@@ -32,8 +32,8 @@ from latprof.analysis.stall_inference import infer_event_loop_stalls
 from latprof.analysis.timeline import RequestTimeline, Timeline
 from latprof.events import Segment
 from latprof.layers import MODEL, PROVIDER, RETRY, TOOL
-from latprof.analysis.retries import failure_of
-from latprof.semconv import SERVER_ADDRESS
+from latprof.analysis.retries import OLD_HTTP_STATUS_CODE, failure_of
+from latprof.semconv import ERROR_TYPE, HTTP_STATUS_CODE, SERVER_ADDRESS, SPAN_STATUS_ERROR
 
 #: Layers of client spans whose failure a following gap can be the backoff of.
 RETRIED_LAYERS = frozenset({TOOL, PROVIDER, MODEL})
@@ -62,9 +62,25 @@ def call_target(call: Segment) -> str:
     return f"{host}:{port} {call.name}"
 
 
+def _may_have_failed(call: Segment) -> bool:
+    """False when `attempt_failure(call)` is surely None: a cheap test of the attributes it reads, for every call."""
+    attrs = call[8]
+    if ERROR_TYPE in attrs or SPAN_STATUS_ERROR in attrs:
+        return True
+    for key in (HTTP_STATUS_CODE, OLD_HTTP_STATUS_CODE):
+        status = attrs.get(key)
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+    return False
+
+
 def retries_in(rt: RequestTimeline) -> list[Segment]:
     """The inferred `retry` segments of one request (module docstring): for each failed client
     span whose next sibling is a call to the same target after at least `MIN_BACKOFF_NS`."""
+    # most requests have no failed call, or one call: found without grouping every segment by parent
+    calls = [s for s in rt.segments if s[4] in RETRIED_LAYERS and s[6] > s[5]]  # layer, start, end
+    if len(calls) < 2 or not any(map(_may_have_failed, calls)):
+        return []
     by_parent: dict[str | None, list[Segment]] = {}
     for s in rt.segments:
         if s.layer is not None and s.end_ns > s.start_ns:
