@@ -11,10 +11,11 @@ OTLP/HTTP to `$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`:
   (`http.request.header.x_request_start`); nothing else is captured. The SDK flushes the spans when
   the worker exits.
 - `proxy()`: a reverse proxy for uvicorn's `--factory` (service `stock-proxy`, FastAPIInstrumentor
-  for its server spans, HTTPXClientInstrumentor for its call): every GET is forwarded unchanged (path
-  and query) to `$BACKEND_URL` with an httpx AsyncClient, the answer passed back. Its spans carry no
-  proxy attribute: only their shape (one request forwarded, same method and path) says what it is.
-  It flushes its spans on shutdown and then writes `FLUSHED_MARK` to stderr.
+  for its server spans and an untraced `GET /health`, both from `_stock_common.stock_app`;
+  HTTPXClientInstrumentor for its call): every other GET is forwarded unchanged (path and query) to
+  `$BACKEND_URL` with an httpx AsyncClient, the answer passed back. Its spans carry no proxy
+  attribute: only their shape (one request forwarded, same method and path) says what it is. It
+  flushes its spans on shutdown and then writes this module's `FLUSHED_MARK` to stderr.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoint's annotations, and `Request` is
@@ -67,8 +68,9 @@ def proxy() -> Any:
     """The reverse proxy: FastAPI + httpx.AsyncClient, stock instrumentations."""
     import httpx
     from fastapi import FastAPI, Request, Response
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    from tests.collectors.traces.apps._stock_common import stock_app
 
     provider = _tracer_provider("stock-proxy")
     HTTPXClientInstrumentor().instrument(tracer_provider=provider)
@@ -85,16 +87,11 @@ def proxy() -> Any:
             provider.shutdown()
             print(f"{FLUSHED_MARK} {flushed}", file=sys.stderr, flush=True)
 
-    app = FastAPI(lifespan=lifespan)
-
-    @app.get("/health")
-    async def health() -> str:
-        return "ok"
+    app = stock_app(lifespan)  # FastAPIInstrumentor (the global provider: this one), untraced GET /health
 
     @app.get("/{path:path}")
     async def forward(path: str, request: Request) -> Response:
         upstream = await state["client"].get(f"/{path}", params=request.query_params)
         return Response(upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type"))
 
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="health", tracer_provider=provider)
     return app

@@ -2,7 +2,8 @@
 
 Run by `otlp_harness.record_otlp` with `APP` pointed here: `PROVIDER_URL` is a provider that
 always answers, `LIMITED_URL` one that answers 429 (with `retry-after-ms`) to the first attempt
-of each `Idempotency-Key`. The LLM is called with plain `httpx.AsyncClient` (the stock
+of each `Idempotency-Key`. Spans come from the stock FastAPI and httpx instrumentations only
+(`_stock_common`); the LLM is called with plain `httpx.AsyncClient` (the stock
 HTTPXClientInstrumentor sees each attempt as a client span; nothing sees the sleep between).
 
 - `GET /chat?limited=0|1`: one chat completion; through the rate-limited provider when 1, with a
@@ -16,31 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import uuid
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 import httpx
 from fastapi import FastAPI
-from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from tests.collectors.traces.apps._stock_common import chat_body, flush_spans, stock_app, stock_tracing
 
 PROVIDER_URL = os.environ.get("PROVIDER_URL", "")
 LIMITED_URL = os.environ.get("LIMITED_URL", "")
-FLUSHED_MARK = "traced_app: spans flushed:"  # what otlp_harness waits for
 MAX_ATTEMPTS = 4
 
-provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "stock-retry")}))
-provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), schedule_delay_millis=200))
-trace.set_tracer_provider(provider)
-HTTPXClientInstrumentor().instrument()
-
+provider = stock_tracing("stock-retry")
 state: dict[str, Any] = {}
 
 
@@ -51,26 +41,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await state["http"].aclose()
-        flushed = provider.force_flush(10_000)
-        provider.shutdown()
-        print(f"{FLUSHED_MARK} {flushed}", file=sys.stderr, flush=True)
+        flush_spans(provider)
 
 
-app = FastAPI(lifespan=lifespan)
-FastAPIInstrumentor.instrument_app(app, excluded_urls="health")
-
-
-def _body(prompt: str) -> dict[str, Any]:
-    return {"model": "latprof-demo-1", "messages": [{"role": "user", "content": prompt}]}
+app = stock_app(lifespan)
 
 
 async def _post(base: str, prompt: str, key: str) -> httpx.Response:
-    return await state["http"].post(f"{base}/chat/completions", json=_body(prompt), headers={"Idempotency-Key": key})
-
-
-@app.get("/health")
-async def health() -> str:
-    return "ok"
+    return await state["http"].post(f"{base}/chat/completions", json=chat_body(prompt), headers={"Idempotency-Key": key})
 
 
 @app.get("/chat")

@@ -4,7 +4,9 @@ Run by `otlp_harness.record_otlp` with `APP` pointed here (scenario "pool_held")
 `psycopg_pool` (a sync `psycopg_pool.ConnectionPool` of `APP_POOL_SIZE`, PsycopgInstrumentor) or
 `sqlalchemy` (a sync engine on `postgresql+psycopg://`, QueuePool of `APP_POOL_SIZE` without
 overflow, SQLAlchemyInstrumentor); the LLM is called with a sync `httpx.Client`
-(HTTPXClientInstrumentor). No span times the pool checkout.
+(HTTPXClientInstrumentor). The tracer provider, the FastAPI instrumentation and the untraced
+`GET /health` (`async def`: the harness polls it only before the load) are `_stock_common`'s.
+No span times the pool checkout.
 
 - `GET /chat`: a connection held across an LLM call: a query, the LLM call, a second query.
 - `GET /chat?llm_first=1`: the connection taken at the top of the endpoint, then the LLM call,
@@ -16,31 +18,21 @@ overflow, SQLAlchemyInstrumentor); the LLM is called with a sync `httpx.Client`
 from __future__ import annotations
 
 import os
-import sys
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 import httpx
 from fastapi import FastAPI
-from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from tests.collectors.traces.apps._stock_common import chat_body, flush_spans, stock_app, stock_tracing
 
 DB = os.environ.get("APP_DB", "psycopg_pool")
 PG = os.environ.get("APP_PG", "postgresql://postgres@127.0.0.1:5432/test")
 POOL_SIZE = int(os.environ.get("APP_POOL_SIZE", "3"))
 PROVIDER_URL = os.environ.get("PROVIDER_URL", "")
-FLUSHED_MARK = "traced_app: spans flushed:"  # what otlp_harness waits for
 
-provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "stock-sync-pool")}))
-provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), schedule_delay_millis=200))
-trace.set_tracer_provider(provider)
-HTTPXClientInstrumentor().instrument()
+provider = stock_tracing("stock-sync-pool")
 if DB == "psycopg_pool":
     from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
@@ -74,25 +66,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             state["engine"].dispose()
         if "pool" in state:
             state["pool"].close()
-        flushed = provider.force_flush(10_000)
-        provider.shutdown()
-        print(f"{FLUSHED_MARK} {flushed}", file=sys.stderr, flush=True)
+        flush_spans(provider)
 
 
-app = FastAPI(lifespan=lifespan)
-FastAPIInstrumentor.instrument_app(app, excluded_urls="health")
+app = stock_app(lifespan)
 
 
 def _llm(prompt: str) -> str:
-    body = {"model": "latprof-demo-1", "messages": [{"role": "user", "content": prompt}]}
-    response = state["http"].post(f"{PROVIDER_URL}/chat/completions", json=body)
+    response = state["http"].post(f"{PROVIDER_URL}/chat/completions", json=chat_body(prompt))
     response.raise_for_status()
     return str(response.json()["choices"][0]["message"]["content"])
-
-
-@app.get("/health")
-def health() -> str:
-    return "ok"
 
 
 @app.get("/chat")
