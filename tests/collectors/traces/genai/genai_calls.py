@@ -87,6 +87,26 @@ def _messages(canary: str, i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{canary} question {i}: where does the tail come from?"}]
 
 
+def sdk_export(service: str, instrumentor: Any) -> Callable[[str], Callable[[], None]]:
+    """`record_calls`' `export` for an instrumentation of openai: the stock SDK as the global tracer provider
+    (service `service`) exporting OTLP/HTTP to the endpoint it is given, `instrumentor` instrumenting openai
+    with it; what it returns flushes the spans (a test failure when they are not flushed)."""
+
+    def export(endpoint: str) -> Callable[[], None]:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        trace.set_tracer_provider(provider)
+        instrumentor.instrument(tracer_provider=provider)
+        return lambda: None if provider.force_flush() else pytest.fail("spans not flushed")
+
+    return export
+
+
 def record_calls(tmp_path: Path, export: Callable[[str], Callable[[], None]], *, role_chunk_first: bool = True) -> Recording:
     """Run the calls described in the module docstring and return the recording (see there).
 

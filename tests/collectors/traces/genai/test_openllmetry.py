@@ -10,8 +10,6 @@ metric. It records prompts and answers (`gen_ai.input.messages`, `gen_ai.output.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import pytest
 
 pytest.importorskip("opentelemetry.instrumentation.openai")
@@ -24,22 +22,13 @@ from genai_calls import (  # noqa: E402
     assert_streamed_calls_split_at_the_first_token,
     assert_unstreamed_calls_are_split_by_the_fit,
     record_calls,
+    sdk_export,
 )
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
 from opentelemetry.instrumentation.openai import OpenAIInstrumentor  # noqa: E402
-from opentelemetry.sdk.resources import Resource  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
 
 
-def _export(endpoint: str) -> Callable[[], None]:
-    """The stock SDK exporting OTLP/HTTP to `endpoint`, and OpenLLMetry instrumenting openai."""
-    provider = TracerProvider(resource=Resource.create({"service.name": "genai-openllmetry"}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    trace.set_tracer_provider(provider)
-    OpenAIInstrumentor().instrument(tracer_provider=provider)
-    return lambda: None if provider.force_flush() else pytest.fail("spans not flushed")
+#: The stock SDK exporting OTLP/HTTP to `endpoint`, and OpenLLMetry instrumenting openai.
+_export = sdk_export("genai-openllmetry", OpenAIInstrumentor())
 
 
 @pytest.fixture(scope="module")

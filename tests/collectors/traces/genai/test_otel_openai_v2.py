@@ -11,8 +11,6 @@ unless asked for. Run by `nox -s genai_otel_v2`.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import pytest
 
 pytest.importorskip("opentelemetry.instrumentation.openai_v2")
@@ -23,22 +21,13 @@ from genai_calls import (  # noqa: E402
     assert_streamed_calls_have_no_ttft,
     assert_unstreamed_calls_are_split_by_the_fit,
     record_calls,
+    sdk_export,
 )
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
 from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor  # noqa: E402
-from opentelemetry.sdk.resources import Resource  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
 
 
-def _export(endpoint: str) -> Callable[[], None]:
-    """The stock SDK exporting OTLP/HTTP to `endpoint`, and openai-v2 instrumenting openai (message content captured, to test privacy)."""
-    provider = TracerProvider(resource=Resource.create({"service.name": "genai-otel-openai-v2"}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    trace.set_tracer_provider(provider)
-    OpenAIInstrumentor().instrument(tracer_provider=provider)
-    return lambda: None if provider.force_flush() else pytest.fail("spans not flushed")
+#: The stock SDK exporting OTLP/HTTP to `endpoint`, and openai-v2 instrumenting openai (message content captured, to test privacy).
+_export = sdk_export("genai-otel-openai-v2", OpenAIInstrumentor())
 
 
 @pytest.fixture(scope="module")
