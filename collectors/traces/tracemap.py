@@ -150,6 +150,19 @@ def route_of(span: Span) -> str:
     return span.name
 
 
+@dataclass(frozen=True)
+class SpanFacts:
+    """What `map_spans` noted while it visited every span, so that the trace inferences
+    (`latprof.analysis.span_inference`) need not visit every segment again to find the few requests
+    they read: the ids of the requests with a call (a `tool`, `provider` or `model` segment) that may
+    have failed - error status, `error.type`, HTTP 429 or 5xx - and of those with a server span
+    below their root (another service's). Only for a timeline whose every request was mapped from
+    spans: an inference reading another timeline looks at every segment."""
+
+    failed_calls: frozenset[str]
+    downstream_servers: frozenset[str]
+
+
 @dataclass
 class TraceEvents:
     """Requests and their segments made from spans, and what could not be mapped."""
@@ -160,6 +173,13 @@ class TraceEvents:
     warnings: list[str] = field(default_factory=list)
     #: The emitting instances by the number the events carry as `pid`: service name, instance id, host, pid.
     instances: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: The requests `SpanFacts` names, as `map_trace` finds them.
+    failed_calls: set[str] = field(default_factory=set)
+    downstream_servers: set[str] = field(default_factory=set)
+
+    @property
+    def facts(self) -> SpanFacts:
+        return SpanFacts(frozenset(self.failed_calls), frozenset(self.downstream_servers))
 
 
 class _Counts:
@@ -309,12 +329,14 @@ def map_trace(
         request_id = trace_id if len(roots) == 1 else f"{trace_id}:{root[1]}"
         segments: list[Segment] = []
         downstream = False  # a server span below the root: another service's, maybe behind a proxy
+        failed_call = False  # a call that may have failed (`SpanFacts`)
         start_ns, end_ns = root[5], root[6]
         reached += 1
         root_id = root[1]
         # depth-first: (span, its parent span, inside an LLM model call)
         stack: list[tuple[Span, Span, bool]] = [(kid, root, False) for kid in children.get(root_id, ())]
-        last_resource: Any = None
+        last_resource: Any = None  # the instance number of the last span's resource and service, reused
+        last_service: Any = None
         pid = 0
         while stack:
             span, parent_span, in_llm = stack.pop()
@@ -324,8 +346,8 @@ def map_trace(
                 continue
             sid = span[1]
             parent_segment = None if parent_span is root else parent_span[1]
-            if span[13] is not last_resource:
-                last_resource, pid = span[13], _instance(span, counts)
+            if span[13] is not last_resource or span[7] != last_service:
+                last_resource, last_service, pid = span[13], span[7], _instance(span, counts)
             if span[10] == failed:
                 span = span._replace(attrs=error_attrs(span))
             child_in_llm = in_llm
@@ -337,7 +359,10 @@ def map_trace(
                 counts.skew_pairs[pair] = counts.skew_pairs.get(pair, 0) + 1
             if layer is _GENAI_MODEL:
                 child_in_llm = True
-                segments.extend(_model_call(request_id, span, parent_segment, pid))
+                calls = _model_call(request_id, span, parent_segment, pid)
+                segments.extend(calls)
+                if not failed_call and any(may_have_failed(c[8]) for c in calls):
+                    failed_call = True
             elif layer is _LLM_HTTP:
                 if in_llm:  # the SDK span above counts this time
                     segments.append(new(Segment, (request_id, sid, parent_segment, span[3], None, s_start, s_end, pid, span[9])))
@@ -347,6 +372,8 @@ def map_trace(
                     # and the time after it is the caller's (a retry's backoff, inferred later), not the provider's
                     if not _failed_http(span):
                         s_end = _next_step(span, parent_span, children.get(parent_span[1], ()))
+                    if not failed_call and may_have_failed(span[9]):
+                        failed_call = True
                     attrs = {**span[9], SPLIT_UNKNOWN: True, LLM_CALL_ID: sid, ENDS_AT_NEXT_STEP: s_end != span[6]}
                     segments.append(new(Segment, (request_id, sid, parent_segment, span[3], PROVIDER, s_start, s_end, pid, attrs)))
             else:
@@ -356,6 +383,8 @@ def map_trace(
                 if span[4] == KIND_SERVER:
                     own = {**own, SPAN_KIND: "server", SERVICE_NAME: span[7]}
                     downstream = True
+                elif layer == TOOL and not failed_call and may_have_failed(own):
+                    failed_call = True
                 segments.append(new(Segment, (request_id, sid, parent_segment, span[3], layer, s_start, s_end, pid, own)))
             if span[4] == KIND_CONSUMER:
                 queue = _messaging_queue(request_id, span, parent_segment, pid, producers)
@@ -373,6 +402,10 @@ def map_trace(
         root_attrs = root[9]
         status = root_attrs.get("http.response.status_code") or root_attrs.get("http.status_code")
         kept = _service_attrs(root[7], counts)
+        if downstream:
+            out.downstream_servers.add(request_id)
+        if failed_call:
+            out.failed_calls.add(request_id)
         downstream = downstream and root[4] == KIND_SERVER  # a proxy's root is a server span
         if downstream or _REQUEST_START[0] in root_attrs or _REQUEST_START[1] in root_attrs:
             kept = _root_attrs(root, kept, downstream)
@@ -405,6 +438,19 @@ def _model_call(request_id: str, span: Span, parent_segment: str | None, pid: in
         ]
     attrs = {**call.attrs, LLM_CALL_ID: sid, TTFT_KNOWN: False}
     return [Segment(request_id, sid, parent_segment, span[3], PROVIDER, start, end, pid, attrs)]
+
+
+def may_have_failed(attrs: Mapping[str, Any]) -> bool:
+    """True when a call's attributes (error status already marked by `map_trace`) say it may have
+    failed: `latprof.span.status_error`, `error.type`, or HTTP 429 or 5xx (what
+    `latprof.analysis.retries.failure_of` reads)."""
+    if SPAN_STATUS_ERROR in attrs or ERROR_TYPE in attrs:
+        return True
+    for key in ("http.response.status_code", "http.status_code"):
+        status = attrs.get(key)
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+    return False
 
 
 def _failed_http(span: Span) -> bool:

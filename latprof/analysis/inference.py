@@ -31,7 +31,7 @@ import bisect
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from latprof.analysis.requests import NS_PER_MS, Cohorts, cohorts, skip_warmup
+from latprof.analysis.requests import NS_PER_MS, Cohorts, cohorts, kept_indices
 from latprof.events import Segment
 from latprof.layers import DB_POOL, DB_QUERY, QUEUE
 from latprof.semconv import QUEUE_SOURCE
@@ -126,7 +126,7 @@ def gap_before_first_step(rt: RequestTimeline) -> GapBeforeDb | None:
 
 def leading_gaps(rt: RequestTimeline) -> tuple[GapBeforeDb | None, GapBeforeDb | None]:
     """(`gap_before_first_db`, `gap_before_first_step`) of `rt`, from one pass over its segments
-    (and a second over those of a request with statements): `infer_pool_waits` reads every request."""
+    (and a second over those of a request with statements): `infer_pool_waits` may read every request."""
     # fields by index (layer 4, start 5, end 6), no calls: this runs over every segment of a trace file
     first: Segment | None = None  # the first layered segment
     first_db: Segment | None = None  # the first statement
@@ -218,43 +218,73 @@ def infer_pool_waits(timeline: Timeline, warmup_s: float = 0.0) -> Timeline:
 
     The shape is judged on the requests the analysis keeps (those after `warmup_s`, as
     `skip_warmup`): a service's first requests, slow for their own reasons (connections opened,
-    clients built), would otherwise be the tail it is judged by."""
-    kept = {id(rt) for rt in skip_warmup(timeline.requests, warmup_s)[0]}
-    judged = [i for i, rt in enumerate(timeline.requests) if id(rt) in kept]
-    gaps = [leading_gaps(rt) for rt in timeline.requests]
-    found = _infer_pool_waits(timeline, [before_db for before_db, _ in gaps], SOURCE_GAP_BEFORE_DB, judged)
-    if found is not None:
-        return found
-    leading = [before_step for _, before_step in gaps]
-    return _infer_pool_waits(timeline, leading, SOURCE_GAP_BEFORE_FIRST_STEP, judged, THREADPOOL_DEFAULT_SIZE) or timeline
-
-
-def _infer_pool_waits(timeline: Timeline, gaps: Sequence[GapBeforeDb | None], source: str, judged: Sequence[int],
-                      not_ceiling: int | None = None) -> Timeline | None:  # fmt: skip
-    """`infer_pool_waits` on the given gaps, read as `source`, its cohorts taken among the requests
-    at the indices `judged`; None when they have no pool's shape (or the holders' ceiling is `not_ceiling`)."""
+    clients built), would otherwise be the tail it is judged by. The tail and median cohorts are
+    judged first, from their gaps alone: most files show no pool's shape there, and then no other
+    request's segments are read."""
     requests = timeline.requests
-    if sum(gaps[i] is not None for i in judged) < 3:
-        return None
-    latencies = [rt.latency_ns / NS_PER_MS for rt in requests]
+    judged = kept_indices(requests, warmup_s)
+    latencies = [(rt.request[3] - rt.request[2]) / NS_PER_MS for rt in requests]  # end 3, start 2
     ranked = cohorts([latencies[i] for i in judged])
     groups = Cohorts(*(tuple(judged[i] for i in cohort) for cohort in (ranked.median, ranked.tail, ranked.tail5)))
     if not groups.tail or not groups.median:
-        return None
+        return timeline
+    # the tail's gaps first (1% of the requests), the median's (a fifth) only when the tail's could be a pool's
+    read = {i: leading_gaps(requests[i]) for i in groups.tail}
+    excess = _mean(latencies, groups.tail) - _mean(latencies, groups.median)
+    shaped = [which for which in (0, 1) if _tail_shaped(_mean_gap_ms({i: g[which] for i, g in read.items()}, groups.tail), excess)]
+    if not shaped:
+        return timeline
+    for i in groups.median:
+        if i not in read:
+            read[i] = leading_gaps(requests[i])
+    shaped = [which for which in shaped if _cohorts_shaped({i: g[which] for i, g in read.items()}, groups, latencies)]
+    if not shaped:
+        return timeline
+    gaps = [read[i] if i in read else leading_gaps(rt) for i, rt in enumerate(requests)]
+    if 0 in shaped:
+        found = _infer_pool_waits(timeline, [before_db for before_db, _ in gaps], SOURCE_GAP_BEFORE_DB, judged, groups, latencies)
+        if found is not None:
+            return found
+    if 1 in shaped:
+        leading = [before_step for _, before_step in gaps]
+        found = _infer_pool_waits(timeline, leading, SOURCE_GAP_BEFORE_FIRST_STEP, judged, groups, latencies, THREADPOOL_DEFAULT_SIZE)
+        if found is not None:
+            return found
+    return timeline
 
-    def mean_gap_ms(cohort: Sequence[int]) -> float:
-        values = [gaps[i].gap_ns if gaps[i] is not None else 0 for i in cohort]  # type: ignore[union-attr]
-        return sum(values) / len(values) / NS_PER_MS
 
-    def mean_latency(cohort: Sequence[int]) -> float:
-        return sum(latencies[i] for i in cohort) / len(cohort)
+def _mean_gap_ms(gaps: Mapping[int, GapBeforeDb | None] | Sequence[GapBeforeDb | None], cohort: Sequence[int]) -> float:
+    values = [gaps[i].gap_ns if gaps[i] is not None else 0 for i in cohort]  # type: ignore[union-attr]
+    return sum(values) / len(values) / NS_PER_MS
 
-    tail_gap, median_gap = mean_gap_ms(groups.tail), mean_gap_ms(groups.median)
-    excess = mean_latency(groups.tail) - mean_latency(groups.median)
-    if tail_gap < MIN_TAIL_GAP_MS or tail_gap < MIN_SHARE_OF_EXCESS * excess:
+
+def _cohorts_shaped(gaps: Mapping[int, GapBeforeDb | None] | Sequence[GapBeforeDb | None], groups: Cohorts,
+                    latencies: Sequence[float]) -> bool:  # fmt: skip
+    """True when the tail's gaps are long enough to explain its excess and the median's short: what a pool's
+    shape needs of the two cohorts (`gaps` holds at least theirs)."""
+    tail_gap, median_gap = _mean_gap_ms(gaps, groups.tail), _mean_gap_ms(gaps, groups.median)
+    if not _tail_shaped(tail_gap, _mean(latencies, groups.tail) - _mean(latencies, groups.median)):
+        return False
+    return median_gap <= max(MAX_MEDIAN_GAP_MS, MAX_MEDIAN_GAP_RATIO * tail_gap)
+
+
+def _tail_shaped(tail_gap_ms: float, excess_ms: float) -> bool:
+    """True when the tail's mean gap is long enough to be a pool wait that explains part of its excess."""
+    return tail_gap_ms >= MIN_TAIL_GAP_MS and tail_gap_ms >= MIN_SHARE_OF_EXCESS * excess_ms
+
+
+def _mean(values: Sequence[float], cohort: Sequence[int]) -> float:
+    return sum(values[i] for i in cohort) / len(cohort)
+
+
+def _infer_pool_waits(timeline: Timeline, gaps: Sequence[GapBeforeDb | None], source: str, judged: Sequence[int],
+                      groups: Cohorts, latencies: Sequence[float], not_ceiling: int | None = None) -> Timeline | None:  # fmt: skip
+    """`infer_pool_waits` on the given gaps, read as `source`, with the cohorts (`groups`) taken among the requests at
+    the indices `judged`; None when they have no pool's shape (or the holders' ceiling is `not_ceiling`)."""
+    requests = timeline.requests
+    if sum(gaps[i] is not None for i in judged) < 3 or not _cohorts_shaped(gaps, groups, latencies):
         return None
-    if median_gap > max(MAX_MEDIAN_GAP_MS, MAX_MEDIAN_GAP_RATIO * tail_gap):
-        return None
+    tail_gap, median_gap = _mean_gap_ms(gaps, groups.tail), _mean_gap_ms(gaps, groups.median)
     found = [g for g in (gaps[i] for i in judged) if g is not None]
     waits = [(g.start_ns, g.end_ns) for g in found if g.gap_ns >= NS_PER_MS]
     holds = [(g.end_ns, g.hold_end_ns) for g in found]
@@ -316,15 +346,6 @@ def _in_use(starts: list[int], ends: list[int], t: int) -> int:
     return bisect.bisect_right(starts, t) - bisect.bisect_right(ends, t)
 
 
-def _took_a_slot(start: int, starts: list[int], ends: list[int], ceiling: int, handoff_ns: int = HANDOFF_NS) -> bool:
-    """True when a span starting at `start` started within `handoff_ns` after another span of its
-    instance ended, with the instance at its ceiling until then (it took the freed slot)."""
-    i = bisect.bisect_right(ends, start) - 1
-    if i < 0 or start - ends[i] > handoff_ns:
-        return False
-    return _in_use(starts, ends, ends[i] - 1) >= ceiling
-
-
 def _caller(slot: _Slot, timeline: Timeline) -> Segment | None:
     """The client segment a downstream server slot was called from (None for a root slot)."""
     if slot.segment is None:
@@ -354,22 +375,44 @@ def infer_queueing(timeline: Timeline) -> Timeline:
       warning says both and what would measure it.
     """
     by_instance: dict[int, list[_Slot]] = {}
+    kind = SPAN_KIND
+    facts = timeline.span_facts  # when mapping noted which requests have a server span below the root, only theirs are read
+    downstream = facts.downstream_servers if facts is not None else None
     for i, rt in enumerate(timeline.requests):
-        by_instance.setdefault(rt.request.pid, []).append(_Slot(rt.request.start_ns, rt.request.end_ns, i, None))
+        request = rt.request  # fields by index (id 0, start 2, end 3, pid 4): this runs over every request and segment
+        slots = by_instance.get(request[4])
+        if slots is None:
+            slots = by_instance[request[4]] = []
+        slots.append(_Slot(request[2], request[3], i, None))
+        if downstream is not None and request[0] not in downstream:
+            continue
         for s in rt.segments:
             # a downstream server span owns no layer: only those need their attributes read
-            if s[4] is None and s[8].get(SPAN_KIND) == "server" and s.end_ns > s.start_ns:
-                by_instance.setdefault(s.pid, []).append(_Slot(s.start_ns, s.end_ns, i, s))
+            if s[4] is None and s[8].get(kind) == "server" and s[6] > s[5]:
+                by_instance.setdefault(s[7], []).append(_Slot(s[5], s[6], i, s))
     added: dict[int, list[Segment]] = {}
     warnings: list[str] = []
+    right = bisect.bisect_right
     for slots in by_instance.values():
         if len(slots) < MIN_HANDOFFS:
             continue
-        starts = sorted(s.start for s in slots)
-        ends = sorted(s.end for s in slots)
+        starts = sorted([s.start for s in slots])
+        ends = sorted([s.end for s in slots])
         # the most running at once is reached at some start: those started so far minus those ended
-        ceiling = max(i - bisect.bisect_right(ends, t) for i, t in enumerate(starts, 1))
-        took = [s for s in slots if _took_a_slot(s.start, starts, ends, ceiling, _handoff_ns(s, timeline))]
+        ceiling = max(i - right(ends, t) for i, t in enumerate(starts, 1))
+        took = []
+        # a span took a freed slot when it started within `_handoff_ns` (HANDOFF_NS or more) after another span of
+        # its instance ended, with the instance at its ceiling until then
+        for slot in slots:
+            start = slot.start
+            j = right(ends, start) - 1
+            if j < 0:
+                continue
+            since = start - ends[j]
+            if since > HANDOFF_NS and (slot.segment is None or since > _handoff_ns(slot, timeline)):
+                continue
+            if _in_use(starts, ends, ends[j] - 1) >= ceiling:
+                took.append(slot)
         if len(took) < MIN_HANDOFFS:
             continue
         service = ""

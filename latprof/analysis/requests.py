@@ -207,6 +207,22 @@ def skip_warmup(requests: Sequence[RequestTimeline], warmup_s: float) -> tuple[l
     return kept, len(requests) - len(kept)
 
 
+def kept_indices(requests: Sequence[RequestTimeline], warmup_s: float) -> list[int]:
+    """The indices of the requests `skip_warmup` keeps, in order: for the inferences, which judge the kept
+    requests but change the timeline's."""
+    if warmup_s <= 0:
+        return list(range(len(requests)))
+    first: dict[int, int] = {}
+    for rt in requests:
+        request = rt.request  # fields by index (start 2, pid 4): this runs over every request
+        known = first.get(request[4])
+        if known is None or request[2] < known:
+            first[request[4]] = request[2]
+    cutoff_ns = int(warmup_s * NS_PER_S)
+    kept_from = {pid: start + cutoff_ns for pid, start in first.items()}
+    return [i for i, rt in enumerate(requests) if rt.request[2] >= kept_from[rt.request[4]]]
+
+
 def sample_weight(rt: RequestTimeline) -> int:
     """The requests `rt` stands for: its root's `latprof.sample_weight` (recorded as a 1-in-k
     random sample), 1 when absent or not a believable whole number."""

@@ -32,8 +32,9 @@ from latprof.analysis.stall_inference import infer_event_loop_stalls
 from latprof.analysis.timeline import RequestTimeline, Timeline
 from latprof.events import Segment
 from latprof.layers import MODEL, PROVIDER, RETRY, TOOL
-from latprof.analysis.retries import OLD_HTTP_STATUS_CODE, failure_of
-from latprof.semconv import ERROR_TYPE, HTTP_STATUS_CODE, SERVER_ADDRESS, SPAN_STATUS_ERROR
+from latprof.analysis.retries import failure_of
+from latprof.collectors.traces.tracemap import may_have_failed
+from latprof.semconv import SERVER_ADDRESS
 
 #: Layers of client spans whose failure a following gap can be the backoff of.
 RETRIED_LAYERS = frozenset({TOOL, PROVIDER, MODEL})
@@ -62,24 +63,14 @@ def call_target(call: Segment) -> str:
     return f"{host}:{port} {call.name}"
 
 
-def _may_have_failed(call: Segment) -> bool:
-    """False when `attempt_failure(call)` is surely None: a cheap test of the attributes it reads, for every call."""
-    attrs = call[8]
-    if ERROR_TYPE in attrs or SPAN_STATUS_ERROR in attrs:
-        return True
-    for key in (HTTP_STATUS_CODE, OLD_HTTP_STATUS_CODE):
-        status = attrs.get(key)
-        if isinstance(status, int) and (status == 429 or status >= 500):
-            return True
-    return False
-
-
 def retries_in(rt: RequestTimeline) -> list[Segment]:
     """The inferred `retry` segments of one request (module docstring): for each failed client
     span whose next sibling is a call to the same target after at least `MIN_BACKOFF_NS`."""
     # most requests have no failed call, or one call: found without grouping every segment by parent
     calls = [s for s in rt.segments if s[4] in RETRIED_LAYERS and s[6] > s[5]]  # layer, start, end
-    if len(calls) < 2 or not any(map(_may_have_failed, calls)):
+    if len(calls) < 2:
+        return []
+    if not any(may_have_failed(call[8]) for call in calls):
         return []
     by_parent: dict[str | None, list[Segment]] = {}
     for s in rt.segments:
@@ -110,7 +101,12 @@ def infer_retries(timeline: Timeline) -> Timeline:
     """The timeline with an inferred `retry` segment in each gap between a failed attempt and
     its retry (`retries_in`); the same timeline when there is none."""
     added: dict[int, list[Segment]] = {}
+    facts = timeline.span_facts  # when mapping noted which requests have a call that may have failed, only those
+    if facts is not None and not facts.failed_calls:
+        return timeline
     for i, rt in enumerate(timeline.requests):
+        if facts is not None and rt.request[0] not in facts.failed_calls:
+            continue
         found = retries_in(rt)
         if found:
             added[i] = found

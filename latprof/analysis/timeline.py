@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from latprof.capture.reader import CaptureData
+from latprof.collectors.traces.tracemap import SpanFacts
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.semconv import NOTE_HOOK_ACTIVE, NOTE_HOOKS_LOADED, NOTE_INJECTED, NOTES_ACTIVITY
 
@@ -40,6 +41,8 @@ class Timeline:
     #: Segments whose request never completed in the capture (in flight when it stopped).
     orphan_segments: int = 0
     warnings: list[str] = field(default_factory=list)
+    #: What mapping spans noted for the trace inferences (`tracemap.SpanFacts`), when every request was mapped from spans.
+    span_facts: SpanFacts | None = None
 
     @property
     def method(self) -> str:
@@ -131,6 +134,7 @@ def build_timeline(data: CaptureData) -> Timeline:
         headers=list(data.headers),
         orphan_segments=orphans,
         warnings=warnings,
+        span_facts=data.span_facts,
     )
 
 

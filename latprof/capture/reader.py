@@ -17,7 +17,7 @@ from latprof.errors import InputError, SchemaVersionError
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.collectors.traces import jaeger_json, otlp_json, otlp_proto, zipkin_json
 from latprof.collectors.traces.spans import Span
-from latprof.collectors.traces.tracemap import map_spans
+from latprof.collectors.traces.tracemap import SpanFacts, map_spans
 
 _CAPTURE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz", ".json", ".json.gz")
 _TRACE_SUFFIXES = (".json", ".json.gz")
@@ -42,6 +42,8 @@ class CaptureData:
     quality: list[QualityRecord] = field(default_factory=list)
     #: Problems the reader recovered from (torn last line, truncated gzip, unknown event types).
     warnings: list[str] = field(default_factory=list)
+    #: What mapping the spans noted for the trace inferences, when every request was mapped from spans.
+    span_facts: SpanFacts | None = None
 
     @property
     def source_kind(self) -> str:
@@ -159,6 +161,8 @@ def _add_traces(spans: list[Span], formats: list[tuple[str, str]], data: Capture
     first kind is the capture's source, the readers are its collectors ("otlp-json", "otlp-proto").
     """
     events = map_spans(spans)
+    if not data.requests and not data.segments_by_request:  # every request is mapped from spans: the facts cover them all
+        data.span_facts = events.facts
     # the `pid` of trace events numbers the emitting instances: which service each one is
     data.headers.append({"source": formats[0][0], "collectors": [module.replace("_", "-") for _, module in formats],
                          "instances": {str(n): about for n, about in events.instances.items()}})  # fmt: skip

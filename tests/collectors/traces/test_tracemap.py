@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections import Counter
 from typing import Any
 
 from latprof.analysis.requests import layer_times_ms
 from latprof.events import Request
-from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, TOOL, UNATTRIBUTED
+from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, RETRY, TOOL, UNATTRIBUTED
 from latprof.semconv import ERROR_TYPE, LLM_CALL_ID, SPAN_STATUS_ERROR, SPLIT_UNKNOWN, TTFT_KNOWN
 from latprof.collectors.traces.spans import KIND_CLIENT, KIND_CONSUMER, KIND_INTERNAL, KIND_PRODUCER, KIND_SERVER, STATUS_ERROR, Span, SpanEvent, SpanLink
-from latprof.analysis.timeline import RequestTimeline
+from latprof.analysis.inference import INFERRED
+from latprof.analysis.span_inference import infer_from_spans
+from latprof.analysis.timeline import RequestTimeline, Timeline, build_timeline
+from latprof.capture.reader import CaptureData, read_captures
 from latprof.collectors.traces.tracemap import ENDS_AT_NEXT_STEP, SQLALCHEMY_SCOPE, classify, map_spans, route_of, url_path
 
 T0 = 1_790_000_000_000_000_000
@@ -168,3 +173,91 @@ def test_an_errored_span_says_so_with_its_exception_type_but_not_its_message():
     assert "secret" not in repr(by_id[failed.span_id].attrs)
     assert by_id[typed.span_id].attrs[ERROR_TYPE] == "500"  # the instrumentation's own, kept
     assert SPAN_STATUS_ERROR not in by_id[fine.span_id].attrs
+
+
+def _mapped_timeline(spans: list[Span]) -> Timeline:
+    events = map_spans(spans)
+    data = CaptureData(inputs=["traces.json"], headers=[{"source": "otlp"}], requests=events.requests,
+                       segments_by_request=events.segments_by_request, span_facts=events.facts)  # fmt: skip
+    return build_timeline(data)
+
+
+def _faulty_traces() -> tuple[list[Span], dict[str, str]]:
+    """Spans of requests with calls that failed in each way `SpanFacts` knows, healthy ones, and a backend running one
+    request at a time behind client spans; with the trace id of each kind."""
+    spans: list[Span] = []
+    traces: dict[str, str] = {}
+
+    def root(kind: str, at: float, n: int = 0) -> Span:
+        trace = f"{len(traces) + 1:032x}"
+        traces[f"{kind}{n}" if n else kind] = trace
+        r = server(at, at + 400, trace=trace)
+        spans.append(r)
+        return r
+
+    def call(parent: Span, start: float, end: float, **attrs: Any) -> Span:
+        c = span("GET /search", start, end, parent=parent, kind=KIND_CLIENT, trace=parent.trace_id,
+                 **{"http.request.method": "GET", "server.address": "search.internal", **attrs})  # fmt: skip
+        spans.append(c)
+        return c
+
+    r = root("tool_503", 0)
+    call(r, 10, 20, **{"http.response.status_code": 503})
+    call(r, 120, 130, **{"http.response.status_code": 200})  # the retry, after a 100 ms backoff
+    r = root("llm_429", 5)
+    spans.append(http("http://127.0.0.1:9/v1/chat/completions", 10, 15, r)._replace(trace_id=r.trace_id,
+                      attrs={"http.request.method": "POST", "url.full": "http://127.0.0.1:9/v1/chat/completions",
+                             "http.response.status_code": 429}))  # fmt: skip
+    spans.append(http("http://127.0.0.1:9/v1/chat/completions", 300, 390, r)._replace(trace_id=r.trace_id))
+    r = root("status_error", 8)
+    call(r, 10, 20)._replace(status_code=STATUS_ERROR)
+    spans[-1] = spans[-1]._replace(status_code=STATUS_ERROR)
+    call(r, 60, 70)
+    r = root("genai_error_type", 9)
+    spans.append(span("chat gpt-4o", 10, 200, parent=r, kind=KIND_CLIENT, trace=r.trace_id,
+                      **{"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o", "error.type": "RateLimitError"}))  # fmt: skip
+    for n in range(3):
+        r = root("healthy", 12 + n, n + 1)
+        call(r, 20, 30)
+        call(r, 40, 50)
+    for n in range(5):  # a backend serving one request at a time: each of its server spans starts as the last ends
+        r = root("downstream", 1000 + n, n + 1)
+        c = call(r, 1001 + n, 1001 + 100 * (n + 1))
+        spans.append(span("GET /search", 1001 + 100 * n, 1001 + 100 * (n + 1), parent=c, kind=KIND_SERVER, trace=r.trace_id,
+                          service="search", **{"http.route": "/search", "http.request.method": "GET"}))  # fmt: skip
+    return spans, traces
+
+
+def test_mapping_notes_the_requests_with_a_call_that_may_have_failed_and_those_with_a_server_below_the_root():
+    spans, traces = _faulty_traces()
+    facts = map_spans(spans).facts
+    assert facts.failed_calls == {traces[k] for k in ("tool_503", "llm_429", "status_error", "genai_error_type")}
+    assert facts.downstream_servers == {traces[f"downstream{n}"] for n in range(1, 6)}
+
+
+def test_the_trace_inferences_find_the_same_with_the_mapping_facts_as_by_reading_every_segment():
+    timeline = _mapped_timeline(_faulty_traces()[0])
+    assert timeline.span_facts is not None
+    with_facts = infer_from_spans(timeline)
+    without = infer_from_spans(dataclasses.replace(timeline, span_facts=None))
+    assert [(rt.request, rt.segments) for rt in with_facts.requests] == [(rt.request, rt.segments) for rt in without.requests]
+    assert with_facts.warnings == without.warnings
+    inferred = Counter(s.layer for rt in with_facts.requests for s in rt.segments if s.attrs.get(INFERRED))
+    assert inferred[RETRY] == 3 and inferred[QUEUE] >= 3, inferred  # both were found: the comparison is not of nothing
+
+
+def test_a_capture_read_with_trace_files_gets_no_mapping_facts(tmp_path):
+    capture = tmp_path / "run.jsonl"
+    capture.write_text(
+        '{"type": "header", "schema": "latprof.capture/1", "source": "run"}\n'
+        '{"type": "request", "request_id": "r1", "route": "GET /x", "start_ns": 1, "end_ns": 2, "pid": 1}\n'
+    )
+    traces = tmp_path / "traces.json"
+    traces.write_text(
+        '{"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "api"}}]},'
+        ' "scopeSpans": [{"scope": {"name": "x"}, "spans": [{"traceId": "' + "a" * 32 + '", "spanId": "' + "b" * 16 + '",'
+        ' "name": "GET /y", "kind": 2, "startTimeUnixNano": "5", "endTimeUnixNano": "9"}]}]}]}\n'
+    )
+    assert build_timeline(read_captures([traces])).span_facts is not None
+    mixed = build_timeline(read_captures([capture, traces]))
+    assert len(mixed.requests) == 2 and mixed.span_facts is None  # the capture's request was not mapped: no facts for it
