@@ -250,14 +250,19 @@ def _start_attach(pid: int, capture: Path, seconds: float, workdir: Path, inject
 
 
 def _finish_attach(sampler: subprocess.Popen[bytes], workdir: Path) -> None:
+    _finish(sampler, "latprof attach", workdir / "attach.log", START_TIMEOUT_S)
+
+
+def _finish(child: subprocess.Popen[bytes], what: str, log: Path, timeout_s: float) -> None:
+    """Wait for `child` (`what`, logging to `log`) to exit on its own: killed after `timeout_s`, a `CollectorError` unless it exited 0."""
     try:
-        code = sampler.wait(timeout=START_TIMEOUT_S)
+        code = child.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        sampler.kill()
-        sampler.wait()
-        raise CollectorError("latprof attach did not finish after the load") from None
+        child.kill()
+        child.wait()
+        raise CollectorError(f"{what} did not finish after the load") from None
     if code != 0:
-        raise CollectorError(f"latprof attach exited with {code}: {_tail(workdir / 'attach.log')}")
+        raise CollectorError(f"{what} exited with {code}: {_tail(log)}")
 
 
 def _start_receive(capture: Path, workdir: Path, port: int) -> subprocess.Popen[bytes]:
@@ -284,14 +289,7 @@ def _start_receive(capture: Path, workdir: Path, port: int) -> subprocess.Popen[
 def _finish_receive(receiver: subprocess.Popen[bytes], workdir: Path) -> None:
     """SIGTERM: `latprof receive` writes what it received and its report, then exits."""
     receiver.send_signal(signal.SIGTERM)
-    try:
-        code = receiver.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        receiver.kill()
-        receiver.wait()
-        raise CollectorError("latprof receive did not stop after the load") from None
-    if code != 0:
-        raise CollectorError(f"latprof receive exited with {code}: {_tail(workdir / 'receive.log')}")
+    _finish(receiver, "latprof receive", workdir / "receive.log", STOP_TIMEOUT_S)
 
 
 def _tail(path: Path, chars: int = 2000) -> str:
