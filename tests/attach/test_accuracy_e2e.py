@@ -19,7 +19,8 @@ from latprof.demo.run import run_demo
 from latprof.demo.scenarios import SCENARIOS
 from latprof.layers import UNATTRIBUTED
 
-pytestmark = pytest.mark.slow  # a real service under load, sampled from outside
+#: A real service under load, sampled from outside, once per demo scenario: run by `.ci/run` after the README's command.
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 PG_DSN = os.environ.get("LATPROF_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 #: The share of the LLM calls' time before the first token, as the socket census reads it (the

@@ -38,6 +38,9 @@ from otlp_harness import log_tail, no_proxy_get, stop_app
 from otlp_receiver import OtlpReceiver
 from test_otlp_e2e import report_of
 
+#: Each records a real service for seconds: run by `.ci/run` after the README's command (`pytest -m long`).
+pytestmark = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parents[3]
 APPS = "tests.collectors.traces.apps.stock_backlog"
 FLUSHED_MARK = "stock_backlog: spans flushed:"  # apps/stock_backlog.FLUSHED_MARK
