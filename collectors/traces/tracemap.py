@@ -383,7 +383,7 @@ def map_trace(
                 if span[4] == KIND_SERVER:
                     own = {**own, SPAN_KIND: "server", SERVICE_NAME: span[7]}
                     downstream = True
-                elif layer == TOOL and not failed_call and may_have_failed(own):
+                if layer == TOOL and not failed_call and may_have_failed(own):
                     failed_call = True
                 segments.append(new(Segment, (request_id, sid, parent_segment, span[3], layer, s_start, s_end, pid, own)))
             if span[4] == KIND_CONSUMER:
