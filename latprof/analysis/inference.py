@@ -279,10 +279,11 @@ def _mean(values: Sequence[float], cohort: Sequence[int]) -> float:
 
 def _infer_pool_waits(timeline: Timeline, gaps: Sequence[GapBeforeDb | None], source: str, judged: Sequence[int],
                       groups: Cohorts, latencies: Sequence[float], not_ceiling: int | None = None) -> Timeline | None:  # fmt: skip
-    """`infer_pool_waits` on the given gaps, read as `source`, with the cohorts (`groups`) taken among the requests at
-    the indices `judged`; None when they have no pool's shape (or the holders' ceiling is `not_ceiling`)."""
+    """`infer_pool_waits` on the given gaps, read as `source`, whose cohorts (`groups`, taken among the requests at
+    the indices `judged`) have a pool's shape (`_cohorts_shaped`); None when the holders do not (or their ceiling is
+    `not_ceiling`)."""
     requests = timeline.requests
-    if sum(gaps[i] is not None for i in judged) < 3 or not _cohorts_shaped(gaps, groups, latencies):
+    if sum(gaps[i] is not None for i in judged) < 3:  # the cohorts' shape was judged by the caller
         return None
     tail_gap, median_gap = _mean_gap_ms(gaps, groups.tail), _mean_gap_ms(gaps, groups.median)
     found = [g for g in (gaps[i] for i in judged) if g is not None]

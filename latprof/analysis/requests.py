@@ -197,19 +197,13 @@ def skip_warmup(requests: Sequence[RequestTimeline], warmup_s: float) -> tuple[l
     """
     if warmup_s <= 0:
         return list(requests), 0
-    first: dict[int, int] = {}
-    for rt in requests:
-        pid, start = rt.request.pid, rt.request.start_ns
-        if pid not in first or start < first[pid]:
-            first[pid] = start
-    cutoff_ns = int(warmup_s * NS_PER_S)
-    kept = [rt for rt in requests if rt.request.start_ns - first[rt.request.pid] >= cutoff_ns]
+    kept = [requests[i] for i in kept_indices(requests, warmup_s)]
     return kept, len(requests) - len(kept)
 
 
 def kept_indices(requests: Sequence[RequestTimeline], warmup_s: float) -> list[int]:
-    """The indices of the requests `skip_warmup` keeps, in order: for the inferences, which judge the kept
-    requests but change the timeline's."""
+    """The indices of the requests `skip_warmup` keeps (those at least `warmup_s` after their process's first
+    arrival), in order: the inferences judge the kept requests but change the timeline's."""
     if warmup_s <= 0:
         return list(range(len(requests)))
     first: dict[int, int] = {}
