@@ -165,7 +165,8 @@ def validate_rule_class(cls: type[Rule]) -> None:
     params = getattr(cls.Thresholds, "__dataclass_params__", None)
     if params is None or not params.frozen:
         raise TypeError(f"{cls.__name__}: Thresholds must be a frozen dataclass")
-    missing = [s for s in DOC_SECTIONS if not cls.docs().get(s)]
+    docs = cls.docs()
+    missing = [s for s in DOC_SECTIONS if not docs.get(s)]
     if missing:
         raise TypeError(f"{cls.__name__}: docstring lacks section(s) {', '.join(missing)}")
 

@@ -208,8 +208,9 @@ def _in_traffic(analysis: Analysis, events: Iterable[_Timed]) -> list[_Timed]:
     process with no analysed requests use the span of all of them; with no requests at all
     (attach mode) every event is kept.
     """
-    if not analysis.requests:
-        return list(events)
+    events = list(events)
+    if not analysis.requests or not events:  # (no events: the requests need not be read)
+        return events
     spans: dict[int, tuple[int, int]] = {}
     for rt in analysis.requests:
         pid, start, end = rt.request.pid, rt.request.start_ns, rt.request.end_ns

@@ -7,6 +7,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from latprof.analysis.requests import NS_PER_MS, Analysis, LayerStats, percentile
 from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
+from latprof.events import Segment
 from latprof.analysis.genai import model_of, token_count
 from latprof.layers import LAYERS, PROVIDER
 from latprof.semconv import (
@@ -303,23 +304,25 @@ def _ttft_calls(analysis: Analysis) -> tuple[dict[str, list[_Call]], dict[str, d
     attach-mode LLM time (provider and model not split) never do.
     """
     by_model: dict[str, list[_Call]] = {}
-    excluded: dict[str, dict[str, int]] = {}
+    left_out: list[tuple[str, Segment]] = []
     for index, segment in analysis.segments(PROVIDER):
         if segment.end_ns <= segment.start_ns:
             continue
         attrs = segment.attrs
         if attrs.get(SPLIT_UNKNOWN):  # attach mode: TTFT and decode not told apart
-            reason = "split_unknown"
+            left_out.append(("split_unknown", segment))
         elif attrs.get(ESTIMATED):
-            reason = "estimated"
+            left_out.append(("estimated", segment))
         elif attrs.get(TTFT_KNOWN) is not True:
-            reason = "non_streamed"
+            left_out.append(("non_streamed", segment))
         else:
             ttft_ms = (segment.end_ns - segment.start_ns) / NS_PER_MS
             by_model.setdefault(model_of(segment), []).append(_Call(index, ttft_ms, token_count(attrs.get(GEN_AI_INPUT_TOKENS))))
-            continue
-        counts = excluded.setdefault(model_of(segment), {})
-        counts[reason] = counts.get(reason, 0) + 1
+    excluded: dict[str, dict[str, int]] = {}
+    if by_model:  # (the counts matter only beside measured calls: without any the rule stops)
+        for reason, segment in left_out:
+            counts = excluded.setdefault(model_of(segment), {})
+            counts[reason] = counts.get(reason, 0) + 1
     return by_model, excluded
 
 

@@ -75,7 +75,7 @@ URL_PATH = "url.path"
 _REQUEST_START = (HTTP_REQUEST_HEADER_X_REQUEST_START, HTTP_REQUEST_HEADER_X_REQUEST_START_PY)
 
 _SEND_OPERATIONS = frozenset({"send", "publish", "create"})
-_GENAI_MARKS = genai_spans.MARKS
+_GENAI_MARK_0, _GENAI_MARK_1, _GENAI_MARK_2 = genai_spans.MARKS
 _DROP = "drop"  # classify(): not a segment at all
 _LLM_HTTP = "llm-http"  # classify(): an HTTP client span to an LLM path
 _GENAI_MODEL = "genai-model"  # classify(): a GenAI model call span
@@ -101,24 +101,24 @@ def classify(span: Span, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> str | 
     `_GENAI_MODEL`, `_LLM_HTTP` and `_DROP` for the kinds `map_trace` treats specially."""
     attrs = span[9]
     # any of the GenAI instrumentations' marks (genai_spans.genai_kind): three lookups, not a call, on every span
-    genai = genai_spans.genai_kind(attrs) if _GENAI_MARKS[0] in attrs or _GENAI_MARKS[1] in attrs or _GENAI_MARKS[2] in attrs else None
-    if genai is not None:
-        if genai == genai_spans.MODEL_CALL:
-            return _GENAI_MODEL
-        if genai == genai_spans.TOOL_CALL:
-            return TOOL
-        return None
+    if _GENAI_MARK_0 in attrs or _GENAI_MARK_1 in attrs or _GENAI_MARK_2 in attrs:
+        genai = genai_spans.genai_kind(attrs)
+        if genai is not None:
+            if genai == genai_spans.MODEL_CALL:
+                return _GENAI_MODEL
+            if genai == genai_spans.TOOL_CALL:
+                return TOOL
+            return None
     if "db.system.name" in attrs or "db.system" in attrs:
         if span.name == "connect" and span.scope == SQLALCHEMY_SCOPE:
             return DB_POOL
         return DB_QUERY
     kind = span.kind
     if kind == KIND_CLIENT:
-        if "http.request.method" in attrs or "http.method" in attrs:
-            path = url_path(attrs)
-            for suffix in llm_paths:
-                if path.endswith(suffix):
-                    return _LLM_HTTP
+        if ("http.request.method" in attrs or "http.method" in attrs) and url_path(attrs).endswith(
+            llm_paths if type(llm_paths) is tuple else tuple(llm_paths)
+        ):
+            return _LLM_HTTP
         return TOOL
     if kind == KIND_PRODUCER:
         return TOOL
@@ -156,11 +156,14 @@ class SpanFacts:
     (`latprof.analysis.span_inference`) need not visit every segment again to find the few requests
     they read: the ids of the requests with a call (a `tool`, `provider` or `model` segment) that may
     have failed - error status, `error.type`, HTTP 429 or 5xx - and of those with a server span
-    below their root (another service's). Only for a timeline whose every request was mapped from
-    spans: an inference reading another timeline looks at every segment."""
+    below their root (another service's); and the call segments themselves by instance and layer
+    (`calls`), which the HTTP connection-limit inference groups by host. Only for a timeline whose
+    every request was mapped from spans: an inference reading another timeline looks at every segment."""
 
     failed_calls: frozenset[str]
     downstream_servers: frozenset[str]
+    #: The `tool`, `provider` and `model` segments by (instance, layer), in the order mapped.
+    calls: Mapping[tuple[int, str], Sequence[Segment]] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,10 +179,11 @@ class TraceEvents:
     #: The requests `SpanFacts` names, as `map_trace` finds them.
     failed_calls: set[str] = field(default_factory=set)
     downstream_servers: set[str] = field(default_factory=set)
+    calls: dict[tuple[int, str], list[Segment]] = field(default_factory=dict)
 
     @property
     def facts(self) -> SpanFacts:
-        return SpanFacts(frozenset(self.failed_calls), frozenset(self.downstream_servers))
+        return SpanFacts(frozenset(self.failed_calls), frozenset(self.downstream_servers), self.calls)
 
 
 class _Counts:
@@ -325,6 +329,7 @@ def map_trace(
     reached = 0
     new = tuple.__new__
     failed = STATUS_ERROR  # a local: read on every span
+    calls_of = out.calls  # (`SpanFacts.calls`)
     for root in roots:
         request_id = trace_id if len(roots) == 1 else f"{trace_id}:{root[1]}"
         segments: list[Segment] = []
@@ -346,7 +351,7 @@ def map_trace(
                 continue
             sid = span[1]
             parent_segment = None if parent_span is root else parent_span[1]
-            if span[13] is not last_resource or span[7] != last_service:
+            if span[13] is not last_resource or span[7] is not last_service:  # (else `_instance` compares them)
                 last_resource, last_service, pid = span[13], span[7], _instance(span, counts)
             if span[10] == failed:
                 span = span._replace(attrs=error_attrs(span))
@@ -361,6 +366,9 @@ def map_trace(
                 child_in_llm = True
                 calls = _model_call(request_id, span, parent_segment, pid)
                 segments.extend(calls)
+                for call in calls:
+                    if call[4] is not None:
+                        calls_of.setdefault((pid, call[4]), []).append(call)
                 if not failed_call and any(may_have_failed(c[8]) for c in calls):
                     failed_call = True
             elif layer is _LLM_HTTP:
@@ -370,22 +378,37 @@ def map_trace(
                     child_in_llm = True
                     # a failed answer (429, 5xx, an error) streams no body: its span ends where the call did,
                     # and the time after it is the caller's (a retry's backoff, inferred later), not the provider's
-                    if not _failed_http(span):
+                    if _failed_http(span):
+                        failed_call = True  # (what `_failed_http` reads, `may_have_failed` does too)
+                    else:
                         s_end = _next_step(span, parent_span, children.get(parent_span[1], ()))
-                    if not failed_call and may_have_failed(span[9]):
-                        failed_call = True
+                        if not failed_call and may_have_failed(span[9]):
+                            failed_call = True
                     attrs = {**span[9], SPLIT_UNKNOWN: True, LLM_CALL_ID: sid, ENDS_AT_NEXT_STEP: s_end != span[6]}
-                    segments.append(new(Segment, (request_id, sid, parent_segment, span[3], PROVIDER, s_start, s_end, pid, attrs)))
+                    call = new(Segment, (request_id, sid, parent_segment, span[3], PROVIDER, s_start, s_end, pid, attrs))
+                    segments.append(call)
+                    found = calls_of.get((pid, PROVIDER))
+                    if found is None:
+                        calls_of[(pid, PROVIDER)] = [call]
+                    else:
+                        found.append(call)
             else:
-                if in_llm and layer == TOOL:
+                if in_llm and layer is TOOL:
                     layer = None
                 own: Mapping[str, Any] = span[9]
                 if span[4] == KIND_SERVER:
                     own = {**own, SPAN_KIND: "server", SERVICE_NAME: span[7]}
                     downstream = True
-                if layer == TOOL and not failed_call and may_have_failed(own):
-                    failed_call = True
-                segments.append(new(Segment, (request_id, sid, parent_segment, span[3], layer, s_start, s_end, pid, own)))
+                segment = new(Segment, (request_id, sid, parent_segment, span[3], layer, s_start, s_end, pid, own))
+                segments.append(segment)
+                if layer is TOOL:
+                    found = calls_of.get((pid, TOOL))
+                    if found is None:
+                        calls_of[(pid, TOOL)] = [segment]
+                    else:
+                        found.append(segment)
+                    if not failed_call and may_have_failed(own):
+                        failed_call = True
             if span[4] == KIND_CONSUMER:
                 queue = _messaging_queue(request_id, span, parent_segment, pid, producers)
                 if queue is not None:
@@ -446,11 +469,12 @@ def may_have_failed(attrs: Mapping[str, Any]) -> bool:
     `latprof.analysis.retries.failure_of` reads)."""
     if SPAN_STATUS_ERROR in attrs or ERROR_TYPE in attrs:
         return True
-    for key in ("http.response.status_code", "http.status_code"):
-        status = attrs.get(key)
-        if isinstance(status, int) and (status == 429 or status >= 500):
-            return True
-    return False
+    # both status keys, unrolled: this runs on every call span
+    status = attrs.get("http.response.status_code")
+    if isinstance(status, int) and (status == 429 or status >= 500):
+        return True
+    status = attrs.get("http.status_code")
+    return isinstance(status, int) and (status == 429 or status >= 500)
 
 
 def _failed_http(span: Span) -> bool:
@@ -467,7 +491,7 @@ def _next_step(span: Span, parent: Span, siblings: Sequence[Span]) -> int:
     end = span[6]
     following = parent[6]
     for sibling in siblings:
-        if sibling is not span and end <= sibling[5] < following and "asgi.event.type" not in sibling.attrs:
+        if sibling is not span and end <= sibling[5] < following and "asgi.event.type" not in sibling[9]:
             following = sibling[5]
     return max(end, following)
 

@@ -22,9 +22,9 @@ Then each waiting call gets an inferred `http.pool` segment inside its span (`la
 true`, the ceiling in `latprof.inferred.connection_ceiling`, the host in `server.address`), which
 owns that time (the innermost segment does), and the `http-pool-exhaustion` rule reads it.
 
-**Cheap on traces without it.** One pass over every segment groups the calls by instance and
-layer, touching no attributes; a few calls of each group say its host (a group with several is split
-call by call). A group is dropped before any replay unless its slowest calls began while more calls
+**Cheap on traces without it.** The calls come grouped by instance and layer as mapping the spans
+noted them (`SpanFacts.calls`; else one pass over every segment, touching no attributes); about a
+thousand calls of each group say its host (a group with several is split call by call). A group is dropped before any replay unless its slowest calls began while more calls
 to the host were in flight than when a typical call began (a pool's waiters always do; a healthy
 service's slow calls begin at any load; a closed loop's at the same load): judged on a sample of a
 few thousand calls, with two sorts and a few hundred bisections (`_slowest_began_busier`). On the
@@ -50,7 +50,7 @@ import bisect
 import dataclasses
 import heapq
 import operator
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from latprof.analysis.inference import INFERRED, INFERRED_CEILING, INFERRED_FROM
 from latprof.analysis.requests import NS_PER_MS, NS_PER_S, cohorts
@@ -72,6 +72,9 @@ SLOWEST_SHARE = 0.05
 MIN_SLOWEST = 3
 #: The cheap test judges about this many of a host's calls, taken evenly.
 SAMPLED_CALLS = 4096
+#: A group of calls (an instance's calls in one layer) is taken as one host's when about this many of its calls,
+#: taken evenly, all went to that host: a host with fewer than 1 in 1024 of the group's calls may go unjudged.
+SAMPLED_HOSTS = 1024
 #: A typical call's in-flight count is read on about this many of them.
 TYPICAL_READ = 256
 #: Too few slots make calls start later than they did, which shortens what is left of them: the ceiling is the
@@ -118,6 +121,9 @@ INFERRED_WAITED_CALLS = "latprof.inferred.waited_calls"
 INFERRED_SERVICE_MS = "latprof.inferred.waited_service_median_ms"
 INFERRED_UNWAITED_MS = "latprof.inferred.unwaited_median_ms"
 INFERRED_WAITED_SPAN_MS = "latprof.inferred.waited_span_median_ms"
+
+_START = operator.itemgetter(5)
+_END = operator.itemgetter(6)
 
 
 def call_host(attrs: Any) -> tuple[Any, Any] | None:
@@ -311,44 +317,48 @@ class _HostCalls:
 def _calls_by_host(timeline: Timeline) -> dict[tuple[int, Any, Any], _HostCalls]:
     """The segments of HTTP client calls (`CALL_LAYERS`) by instance and host: (pid, host, port).
 
-    The one pass over every segment groups the calls by instance and layer, which touches only the
-    segments (their attributes lie elsewhere in memory: reading them for every call is what costs).
-    A group whose calls, read at `SAMPLED_CALLS` of them, all went to one host is taken as that host's
-    (the replay checks each call again); one with several is split call by call. Non-HTTP calls are
-    left out."""
-    by_layer: dict[tuple[int, str], _HostCalls] = {}
-    get = by_layer.get
-    for rt in timeline.requests:
-        for s in rt.segments:
-            if s[4] in CALL_LAYERS:
-                lump = (s[7], s[4])
-                found = get(lump)
-                if found is None:
-                    found = by_layer[lump] = _HostCalls([], [], [])
-                found.segments.append(s)
-                found.starts.append(s[5])
-                found.ends.append(s[6])
+    The calls come grouped by instance and layer: as mapping noted them (`SpanFacts.calls`), else from
+    one pass over every segment that touches only the segments (their attributes lie elsewhere in
+    memory: reading them for every call is what costs). A group whose calls, read at about
+    `SAMPLED_HOSTS` of them, all went to one host is taken as that host's (the replay checks each call
+    again); one with several is split call by call. Non-HTTP calls are left out."""
+    facts = timeline.span_facts
+    by_layer: Mapping[tuple[int, str], Sequence[Segment]]
+    if facts is not None:
+        by_layer = facts.calls
+    else:
+        lumps: dict[tuple[int, str], list[Segment]] = {}
+        get = lumps.get
+        for rt in timeline.requests:
+            for s in rt.segments:
+                if s[4] in CALL_LAYERS:
+                    lump = (s[7], s[4])
+                    found = get(lump)
+                    if found is None:
+                        lumps[lump] = [s]
+                    else:
+                        found.append(s)
+        by_layer = lumps
     groups: dict[tuple[int, Any, Any], _HostCalls] = {}
     for (pid, _), calls in by_layer.items():
-        segments = calls.segments
-        hosts = {call_host(s[8]) for s in segments[:: max(1, len(segments) // SAMPLED_CALLS)]}
+        hosts = {call_host(s[8]) for s in calls[:: max(1, -(-len(calls) // SAMPLED_HOSTS))]}
         only = next(iter(hosts)) if len(hosts) == 1 else None
-        parts: dict[tuple[int, Any, Any], _HostCalls] = {}
+        parts: dict[tuple[int, Any, Any], Sequence[Segment]] = {}
         if only is not None:
             parts[(pid, only[0], only[1])] = calls
         else:
-            for s in segments:
+            split: dict[tuple[int, Any, Any], list[Segment]] = {}
+            for s in calls:
                 named = call_host(s[8])
                 if named is not None:
-                    part = parts.setdefault((pid, named[0], named[1]), _HostCalls([], [], []))
-                    part.segments.append(s)
-                    part.starts.append(s[5])
-                    part.ends.append(s[6])
+                    split.setdefault((pid, named[0], named[1]), []).append(s)
+            parts.update(split)
         for key, part in parts.items():
+            host_calls = _HostCalls(list(part), list(map(_START, part)), list(map(_END, part)))
             if key in groups:
-                groups[key].extend(part)
+                groups[key].extend(host_calls)
             else:
-                groups[key] = part
+                groups[key] = host_calls
     return groups
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
+import operator
 from typing import Any, Mapping, Sequence
 
 from latprof.analysis.requests import NS_PER_MS, Cohorts, cohorts, kept_indices
@@ -333,6 +335,10 @@ INFERRED_CONCURRENCY = "latprof.inferred.concurrency"
 INFERRED_SERVICE = "latprof.inferred.service"
 
 
+_START = operator.itemgetter(2)  # of a Request
+_END = operator.itemgetter(3)
+
+
 class _Slot:
     """A server span of one instance: a request's root or a downstream server segment."""
 
@@ -375,42 +381,61 @@ def infer_queueing(timeline: Timeline) -> Timeline:
       as its last one is answered) drove the service, which looks the same from its spans; a
       warning says both and what would measure it.
     """
-    by_instance: dict[int, list[_Slot]] = {}
+    roots: dict[int, list[int]] = {}  # by instance: the indices of the requests whose roots ran there
+    below: dict[int, list[_Slot]] = {}  # by instance: the downstream server spans that ran there
+    instances: dict[int, None] = {}  # in the order first seen
     kind = SPAN_KIND
+    requests = timeline.requests
     facts = timeline.span_facts  # when mapping noted which requests have a server span below the root, only theirs are read
     downstream = facts.downstream_servers if facts is not None else None
-    for i, rt in enumerate(timeline.requests):
-        request = rt.request  # fields by index (id 0, start 2, end 3, pid 4): this runs over every request and segment
-        slots = by_instance.get(request[4])
-        if slots is None:
-            slots = by_instance[request[4]] = []
-        slots.append(_Slot(request[2], request[3], i, None))
+    for i, rt in enumerate(requests):
+        request = rt.request  # fields by index (id 0, pid 4): this runs over every request and segment
+        found = roots.get(request[4])
+        if found is None:
+            roots[request[4]] = [i]
+            instances.setdefault(request[4])
+        else:
+            found.append(i)
         if downstream is not None and request[0] not in downstream:
             continue
         for s in rt.segments:
             # a downstream server span owns no layer: only those need their attributes read
             if s[4] is None and s[8].get(kind) == "server" and s[6] > s[5]:
-                by_instance.setdefault(s[7], []).append(_Slot(s[5], s[6], i, s))
+                below.setdefault(s[7], []).append(_Slot(s[5], s[6], i, s))
+                instances.setdefault(s[7])
     added: dict[int, list[Segment]] = {}
     warnings: list[str] = []
     right = bisect.bisect_right
-    for slots in by_instance.values():
-        if len(slots) < MIN_HANDOFFS:
+    for pid in instances:
+        root_indices = roots.get(pid, [])
+        root_requests = [requests[i].request for i in root_indices]
+        root_starts = list(map(_START, root_requests))
+        downstream_slots = below.get(pid, [])
+        if len(root_starts) + len(downstream_slots) < MIN_HANDOFFS:
             continue
-        starts = sorted([s.start for s in slots])
-        ends = sorted([s.end for s in slots])
-        # the most running at once is reached at some start: those started so far minus those ended
-        ceiling = max(i - right(ends, t) for i, t in enumerate(starts, 1))
-        took = []
+        starts = sorted(root_starts + [s.start for s in downstream_slots])
+        ends = sorted(list(map(_END, root_requests)) + [s.end for s in downstream_slots])
+        # the most running at once is reached at some start: those started so far minus those ended (in C: this and
+        # the roots' test below run over every request)
+        ended = list(map(right, itertools.repeat(ends), starts))  # how many had ended at each start
+        ceiling = max(map(operator.sub, range(1, len(starts) + 1), ended))
         # a span took a freed slot when it started within `_handoff_ns` (HANDOFF_NS or more) after another span of
-        # its instance ended, with the instance at its ceiling until then
-        for slot in slots:
+        # its instance ended, with the instance at its ceiling until then; `before[j]` is the last of the first j
+        # ends (the sentinel: none)
+        before = [-(2**62), *ends]
+        # (requests come by arrival: with no downstream span here, the roots' starts are `starts`, read once)
+        root_ended = ended if not downstream_slots and starts == root_starts else map(right, itertools.repeat(ends), root_starts)
+        last_ends = list(map(before.__getitem__, root_ended))
+        close = itertools.compress(range(len(root_starts)), map(HANDOFF_NS.__ge__, map(operator.sub, root_starts, last_ends)))
+        took = [_Slot(root_starts[k], root_requests[k][3], root_indices[k], None)
+                for k in close if _in_use(starts, ends, last_ends[k] - 1) >= ceiling]  # fmt: skip
+        for slot in downstream_slots:
             start = slot.start
             j = right(ends, start) - 1
             if j < 0:
                 continue
             since = start - ends[j]
-            if since > HANDOFF_NS and (slot.segment is None or since > _handoff_ns(slot, timeline)):
+            if since > HANDOFF_NS and since > _handoff_ns(slot, timeline):
                 continue
             if _in_use(starts, ends, ends[j] - 1) >= ceiling:
                 took.append(slot)
@@ -432,11 +457,10 @@ def infer_queueing(timeline: Timeline) -> Timeline:
                 Segment(rt.request.request_id, f"{slot.segment.segment_id}.queue", caller.segment_id, "queue (inferred)",
                         QUEUE, caller.start_ns, slot.segment.start_ns, slot.segment.pid, attrs)  # fmt: skip
             )
-        roots = [s for s in slots if s.segment is None]
         root_took = [s for s in took if s.segment is None]
-        if roots and len(root_took) >= MIN_HANDOFFS and len(root_took) >= MIN_ROOT_HANDOFF_SHARE * len(roots):
+        if root_indices and len(root_took) >= MIN_HANDOFFS and len(root_took) >= MIN_ROOT_HANDOFF_SHARE * len(root_indices):
             warnings.append(
-                f"{service or 'a service'}: {len(root_took) / len(roots):.0%} of its requests' spans started the moment"
+                f"{service or 'a service'}: {len(root_took) / len(root_indices):.0%} of its requests' spans started the moment"
                 f" another ended, never more than {ceiling} at once: it ran at a fixed concurrency of {ceiling}. Either"
                 " requests queued in front of it for a free worker - time these traces do not show (trace its callers,"
                 f" or record it with `latprof run`, which times the accept backlog) - or a closed-loop load of {ceiling}"

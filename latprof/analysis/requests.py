@@ -746,7 +746,12 @@ def analyze(
             if sleeps:  # which of them were backoff between attempts (latprof.analysis.retries)
                 rt = kept[i] = classify_sleeps(rt)
             breakdowns.append(layer_times_ms(rt))
-            index(i, rt.segments)
+            for segment in rt.segments:  # `index` inlined: every segment
+                entry = by_layer.get(segment[4])
+                if entry is None:
+                    entry = by_layer[segment[4]] = LayerIndex([], [])
+                entry.requests.append(i)
+                entry.segments.append(segment)
     split_warnings: list[str] = []
     if unstreamed:
         splitter = unstreamed_splitter(by_layer[MODEL].segments if MODEL in by_layer else (), (kept[i] for i in unstreamed))
