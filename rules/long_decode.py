@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from latprof.analysis.requests import NS_PER_MS, Analysis
+from latprof.analysis.stall_inference import POSSIBLE_STALL_CONFIDENCE, possible_stall_caveat
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
 from latprof.events import Segment
 from latprof.analysis.genai import is_measured, model_of, token_count
@@ -140,9 +141,15 @@ class LongDecode(Rule):
                 summary += "; the tail's tokens come slower"
         else:
             summary += "; output token counts were not recorded, so tokens and speed cannot be told apart"
+        confidence = stats.share_of_tail_excess * (1.0 if cause != "unknown" else 0.7)
+        caveat = possible_stall_caveat(tail, MODEL, analysis.timeline.possible_stalls)
+        if caveat is not None:  # the client read the stream late: its loop was blocked, maybe
+            confidence = min(confidence, POSSIBLE_STALL_CONFIDENCE)
+            summary += f"; but {caveat}"
+            evidence["possible_event_loop_stalls"] = len(analysis.timeline.possible_stalls)
         yield self.finding(
             severity=severity_for_share(stats.share_of_tail_excess),
-            confidence=stats.share_of_tail_excess * (1.0 if cause != "unknown" else 0.7),
+            confidence=confidence,
             impact_ms=stats.tail_excess_ms,
             summary=summary + ".",
             evidence=evidence,

@@ -64,7 +64,7 @@ import bisect
 import dataclasses
 import operator
 from collections import Counter
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from latprof.analysis.inference import INFERRED, INFERRED_FROM
 from latprof.analysis.requests import skip_warmup
@@ -92,6 +92,13 @@ MIN_STALLS = 3
 #: 2-core machine showed 12 such "stalls" for 42 freezes (at most 3 for 2 in one). A blocking call stalls
 #: the loop every time it runs, with no freeze like it.
 STALLS_PER_FREEZE = 2
+#: A window that looks like a stall but proves none (`possible_stalls`) counts only when at least this many
+#: requests were due to arrive in it at the instance's mean rate and none did (chance: about e**-3, 5%).
+MIN_MISSED_ARRIVALS = 3
+#: When at least this share of the tail's time in a layer lies in possible stalls, that layer is believed at
+#: most `POSSIBLE_STALL_CONFIDENCE` (under 0.5): a blocked loop stretches its spans the same way.
+MIN_POSSIBLE_STALL_SHARE = 0.5
+POSSIBLE_STALL_CONFIDENCE = 0.4
 
 #: str on an inferred `event_loop` segment: the route of the request whose own code held the loop.
 INFERRED_BLOCKED_BY = "latprof.inferred.blocked_by"
@@ -113,6 +120,7 @@ SOURCE_COMMON_RELEASE = (
 )
 
 _START = operator.itemgetter(5)
+_LAYER = operator.itemgetter(4)
 _PID = operator.itemgetter(4)
 _REQUEST = operator.attrgetter("request")
 _Window = tuple[int, int, int]  # (pid, start, end) of a quiet window
@@ -151,6 +159,37 @@ class Stall:
         return frozenset(str(s[4]) for _, s in self.released)
 
 
+class PossibleStall(NamedTuple):
+    """A window that looks like a blocked event loop on an instance the stall inference did not judge
+    blocked (`possible_stalls`): the verdict believes less a layer whose tail time lies mostly in such
+    windows, since a blocked loop stretches every span in flight the same way."""
+
+    pid: int
+    start_ns: int
+    end_ns: int
+    #: The route of the request whose own code ran across the window.
+    blocked_by: str
+
+
+def possible_stall_caveat(requests: Sequence[RequestTimeline], layer: str, stalls: Sequence[PossibleStall]) -> str | None:
+    """The sentence that says why `layer` is believed at most `POSSIBLE_STALL_CONFIDENCE`, when at least
+    `MIN_POSSIBLE_STALL_SHARE` of the `requests`' (the tail's) time in it lies in possible stalls; else None."""
+    if not stalls or layer == EVENT_LOOP:
+        return None
+    share = share_in_possible_stalls(requests, layer, stalls)
+    if share < MIN_POSSIBLE_STALL_SHARE:
+        return None
+    routes = sorted({s.blocked_by for s in stalls if s.blocked_by})
+    longest_ms = max(s.end_ns - s.start_ns for s in stalls) / 1e6
+    return (
+        f"{share:.0%} of the tail's {layer} time came while a request ({', '.join(routes[:3]) or 'no route'}) ran its own"
+        f" code with no span open and no other span of its process started or ended, nor a request arrived (inferred"
+        f" from {len(stalls)} window(s) of up to {longest_ms:,.0f} ms): a blocked event loop (a sync call in async code)"
+        " stretches every span in flight the same way, and too few requests were in flight to prove it - `latprof run`"
+        " (its event-loop hook) would tell"
+    )
+
+
 def own_code_gaps(rt: RequestTimeline, min_ns: int = MIN_STALL_NS) -> list[tuple[int, int]]:
     """The [start, end) intervals of at least `min_ns` inside the request's root in which none of its
     layered segments was open: it ran its own code (or awaited something no span shows)."""
@@ -181,9 +220,14 @@ def find_stalls(timeline: Timeline, warmup_s: float = 0.0) -> tuple[list[Stall],
     stall, at least `MIN_STALLS` proving stalls outnumber its freezes (`is_freeze`) in the analysed
     requests `STALLS_PER_FREEZE` times over. Its stalls are then all the windows a request between spans
     ended by resuming first, whatever they released."""
-    windows = candidate_stalls(timeline)
+    stalls, judged, _ = _judge(candidate_stalls(timeline), timeline, warmup_s)
+    return stalls, judged
+
+
+def _judge(windows: list[Stall], timeline: Timeline, warmup_s: float) -> tuple[list[Stall], int, set[int]]:
+    """`find_stalls` on the candidate `windows`, and the instances judged blocked."""
     if not windows:
-        return [], 0
+        return [], 0, set()
     requests = timeline.requests
     kept = {id(rt) for rt in skip_warmup(requests, warmup_s)[0]}
     proving: dict[int, list[int]] = {}  # by instance: the lengths of the proving stalls and of the freezes
@@ -204,9 +248,64 @@ def find_stalls(timeline: Timeline, warmup_s: float = 0.0) -> tuple[list[Stall],
             blocked.add(pid)
             judged += len(lengths)
     if not blocked:
-        return [], 0
+        return [], 0, blocked
     stalls_of_blocked = [c for c in windows if c.pid in blocked and c.resumed_first]
-    return sorted(stalls_of_blocked, key=lambda c: (c.pid, c.start_ns)), judged
+    return sorted(stalls_of_blocked, key=lambda c: (c.pid, c.start_ns)), judged, blocked
+
+
+def possible_stalls(windows: Sequence[Stall], timeline: Timeline, blocked: Iterable[int] = (),
+                    warmup_s: float = 0.0) -> tuple[PossibleStall, ...]:  # fmt: skip
+    """The windows of instances not judged blocked that still look like a blocked loop, too few of them or
+    with too few requests in flight to prove it (`PossibleStall`): a request running its own code across
+    the window resumed first and another request's span ended right after (`Stall.resumed_first`), and the
+    window is long enough that its quiet means something: no request of the instance began in it (no span
+    did) although at least `MIN_MISSED_ARRIVALS` were due at its mean arrival rate. A request that awaits
+    something unseen leaves the loop free, and requests keep arriving: at a few a second, a quiet 300 ms
+    is chance; at 16 a second it is not. Only the windows of requests after `warmup_s` (as `skip_warmup` keeps
+    them) count."""
+    judged = set(blocked)
+    shaped = [c for c in windows if c.resumed_first and c.blocker is not None and c.pid not in judged]
+    if not shaped:
+        return ()
+    kept = {id(rt) for rt in skip_warmup(timeline.requests, warmup_s)[0]}
+    shaped = [c for c in shaped if c.blocker is not None and id(timeline.requests[c.blocker]) in kept]
+    arrivals: dict[int, list[int]] = {}
+    for rt in timeline.requests:
+        arrivals.setdefault(rt.request[4], []).append(rt.request[2])
+    out = []
+    for c in shaped:
+        starts = arrivals.get(c.pid, [])
+        if len(starts) < 2 or starts[-1] <= starts[0]:
+            continue
+        gap_ns = (starts[-1] - starts[0]) / (len(starts) - 1)  # requests are sorted by arrival
+        if c.stall_ns < MIN_MISSED_ARRIVALS * gap_ns:
+            continue
+        blocker = timeline.requests[c.blocker] if c.blocker is not None else None
+        out.append(PossibleStall(c.pid, c.start_ns, c.end_ns, blocker.request.route if blocker is not None else ""))
+    return tuple(sorted(out))
+
+
+def share_in_possible_stalls(requests: Iterable[RequestTimeline], layer: str, stalls: Sequence[PossibleStall]) -> float:
+    """The share of the requests' time in `layer` segments that lies inside the possible stalls of their
+    instance (0.0 when they have none)."""
+    by_pid: dict[int, list[PossibleStall]] = {}
+    for stall in stalls:
+        by_pid.setdefault(stall.pid, []).append(stall)
+    starts = {pid: [s.start_ns for s in found] for pid, found in by_pid.items()}
+    total = inside = 0
+    for rt in requests:
+        for s in rt.segments:
+            if s[4] != layer or s[6] <= s[5]:
+                continue
+            total += s[6] - s[5]
+            found = by_pid.get(s[7])
+            if found is None:
+                continue
+            j = max(0, bisect.bisect_right(starts[s[7]], s[5]) - 1)  # disjoint, by start
+            while j < len(found) and found[j].start_ns < s[6]:
+                inside += max(0, min(s[6], found[j].end_ns) - max(s[5], found[j].start_ns))
+                j += 1
+    return inside / total if total else 0.0
 
 
 def is_stall(candidate: Stall) -> bool:
@@ -248,12 +347,11 @@ def candidate_stalls(timeline: Timeline) -> list[Stall]:
         if end - start < min_ns or request[4] not in instances:
             continue
         cursor = start
-        for s in sorted(rt.segments, key=_START):
-            if s[4] is not None:
-                if s[5] - cursor >= min_ns:
-                    gaps.setdefault(request[4], []).append((cursor, s[5], i))
-                if s[6] > cursor:
-                    cursor = s[6]
+        for s in sorted(filter(_LAYER, rt.segments), key=_START):  # the layered ones (a layer is a non-empty name)
+            if s[5] - cursor >= min_ns:
+                gaps.setdefault(request[4], []).append((cursor, s[5], i))
+            if s[6] > cursor:
+                cursor = s[6]
         if end - cursor >= min_ns:
             gaps.setdefault(request[4], []).append((cursor, end, i))
     if not gaps:
@@ -405,7 +503,11 @@ def infer_event_loop_stalls(timeline: Timeline, warmup_s: float = 0.0) -> Timeli
     """The timeline with inferred `event_loop` segments where the stalls of the instances judged blocked
     (`find_stalls`: after `warmup_s`) held the other requests in flight (module docstring); else the same
     timeline."""
-    stalls, judged = find_stalls(timeline, warmup_s)
+    windows = candidate_stalls(timeline)
+    stalls, judged, blocked = _judge(windows, timeline, warmup_s)
+    possible = possible_stalls(windows, timeline, blocked, warmup_s)
+    if possible:
+        timeline = dataclasses.replace(timeline, possible_stalls=possible)
     if not stalls:
         return timeline
     requests = timeline.requests

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from latprof.capture.reader import CaptureData
 from latprof.collectors.traces.tracemap import SpanFacts
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.semconv import NOTE_HOOK_ACTIVE, NOTE_HOOKS_LOADED, NOTE_INJECTED, NOTES_ACTIVITY
+
+if TYPE_CHECKING:
+    from latprof.analysis.stall_inference import PossibleStall
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,9 @@ class Timeline:
     warnings: list[str] = field(default_factory=list)
     #: What mapping spans noted for the trace inferences (`tracemap.SpanFacts`), when every request was mapped from spans.
     span_facts: SpanFacts | None = None
+    #: Windows that look like a blocked event loop but prove none (`stall_inference.possible_stalls`), set by
+    #: the stall inference on traces: the verdict believes less a layer whose tail time lies mostly in them.
+    possible_stalls: tuple[PossibleStall, ...] = ()
 
     @property
     def method(self) -> str:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from latprof.analysis.inference import INFERRED_CONFIDENCE, Inference
 from latprof.analysis.requests import MIN_REQUESTS_FOR_VERDICT, TAIL_RATIO, Analysis
+from latprof.analysis.stall_inference import POSSIBLE_STALL_CONFIDENCE, possible_stall_caveat
 from latprof.engine import Finding, fmt_ms
 from latprof.semconv import SPLIT_UNKNOWN
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, PROVIDER, QUEUE, UNATTRIBUTED
@@ -198,6 +199,10 @@ def _of_requests(analysis: Analysis, findings: Sequence[Finding]) -> Verdict:
     if not leads_tail5:
         leader = max(analysis.layers.values(), key=lambda s: s.tail5_excess_ms)
         summary += f"; across the slowest 5% {leader.layer} leads instead"
+    caveat = possible_stall_caveat(analysis.cohort("tail"), top.layer, analysis.timeline.possible_stalls)
+    if caveat is not None:
+        confidence = min(confidence, POSSIBLE_STALL_CONFIDENCE)
+        summary += f"; but {caveat}"
     if top.layer == PROVIDER and _provider_split_unknown(analysis):
         confidence = min(confidence, SPLIT_UNKNOWN_CONFIDENCE)
         summary += (

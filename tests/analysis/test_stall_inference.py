@@ -3,6 +3,7 @@ hand-built services with known stalls, and the shapes that must not read as one.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Sequence
 
 from timelines import ms, req, seg, timeline
@@ -17,10 +18,13 @@ from latprof.analysis.stall_inference import (
     INFERRED_HELD,
     INFERRED_STALL_MS,
     MIN_STALLS,
+    POSSIBLE_STALL_CONFIDENCE,
+    PossibleStall,
     candidate_stalls,
     find_stalls,
     infer_event_loop_stalls,
     own_code_gaps,
+    share_in_possible_stalls,
 )
 from latprof.analysis.timeline import RequestTimeline, Timeline
 from latprof.engine import run_rules
@@ -62,8 +66,8 @@ def stall(at: float, awaiting: Sequence[str] = MIXED, *, stall_ms: float = STALL
 
 
 def service(stall_times: Iterable[float], until: float = 12_000, freeze_times: Iterable[float] = (), freeze_ms: float = STALL_MS,
-            **kwargs: object) -> Timeline:  # fmt: skip
-    """Ordinary requests every 25 ms, none in flight across a stall or a freeze, a stall at each of
+            every_ms: float = 25, **kwargs: object) -> Timeline:  # fmt: skip
+    """Ordinary requests every `every_ms`, none in flight across a stall or a freeze, a stall at each of
     `stall_times` and a freeze of `freeze_ms` at each of `freeze_times` (`freezes`)."""
     stalls, frozen = sorted(stall_times), sorted(freeze_times)
     out: list[RequestTimeline] = []
@@ -73,7 +77,7 @@ def service(stall_times: Iterable[float], until: float = 12_000, freeze_times: I
             t += 5
             continue
         out.append(chat(t))
-        t += 25
+        t += every_ms
     for at in stalls:
         out += stall(at, **kwargs)  # type: ignore[arg-type]
     return timeline(out + freezes(frozen, freeze_ms), source_kind="otlp")
@@ -192,7 +196,9 @@ def test_stalls_must_outnumber_the_freezes_as_long_twice_over():
     with_freezes = service(four, until=20_000, freeze_times=[9000, 10500])
     assert len(candidate_stalls(with_freezes)) == 6
     assert find_stalls(with_freezes) == ([], 0)  # 4 stalls, 2 freezes as long: not twice over
-    assert infer_event_loop_stalls(with_freezes) is with_freezes
+    inferred = infer_event_loop_stalls(with_freezes)
+    assert inferred_segments(inferred) == []
+    assert len(inferred.possible_stalls) == 4  # proving nothing, each still looks like one (and the freezes do not)
     assert len(find_stalls(service([*four, 12000], until=20_000, freeze_times=[9000, 10500]))[0]) == 5
     short = service(four, until=20_000, freeze_times=[9000, 10500, 13500], freeze_ms=60)
     assert len(find_stalls(short)[0]) == 4  # freezes under half the stalls' length are another matter
@@ -201,7 +207,8 @@ def test_stalls_must_outnumber_the_freezes_as_long_twice_over():
 def test_does_not_fire_with_fewer_stalls_than_needed():
     tl = service([2500 + 1500 * k for k in range(MIN_STALLS - 1)])
     assert len(find_stalls(tl)[0]) == 0 and len(candidate_stalls(tl)) == MIN_STALLS - 1
-    assert infer_event_loop_stalls(tl) is tl
+    inferred = infer_event_loop_stalls(tl)
+    assert inferred_segments(inferred) == [] and len(inferred.possible_stalls) == MIN_STALLS - 1
 
 
 def test_does_not_fire_when_the_stalls_were_in_the_warm_up():
@@ -273,3 +280,43 @@ def test_nothing_to_do_is_cheap_and_returns_the_same_timeline():
     assert candidate_stalls(tl) == []
     assert infer_event_loop_stalls(tl) is tl
     assert infer_event_loop_stalls(timeline([], source_kind="otlp")).requests == []
+
+
+def test_too_few_stalls_to_prove_one_leave_the_layer_they_stretched_believed_less():
+    """Two stalls (MIN_STALLS is 3) at 40 requests a second: nothing is inferred, but the tail's queries they
+    stretched lie in windows no request could begin in, where 12 were due: the verdict's layer is believed
+    under 0.5, and the summary says a blocked loop looks the same and which route ran its code then."""
+    tl = infer_from_spans(service([4000, 8000]), warmup_s=2.0)
+    assert inferred_segments(tl) == []
+    assert [(s.start_ns, s.end_ns, s.blocked_by) for s in tl.possible_stalls] == [
+        (ms(at), ms(at + STALL_MS), "GET /export") for at in (4000, 8000)
+    ]
+    analysis = analyze(tl, warmup_s=2.0)
+    verdict = build_report(analysis, run_rules(analysis, default_rules())).verdict
+    assert verdict.layer == DB_QUERY and verdict.confidence <= POSSIBLE_STALL_CONFIDENCE, verdict
+    assert "blocked event loop" in verdict.summary and "(GET /export)" in verdict.summary
+    assert "2 window(s) of up to 300 ms" in verdict.summary
+    # the same spans without those windows: the database, believed
+    plain = analyze(dataclasses.replace(tl, possible_stalls=()), warmup_s=2.0)
+    believed = build_report(plain, run_rules(plain, default_rules())).verdict
+    assert believed.layer == DB_QUERY and believed.confidence > 0.5 and "event loop" not in believed.summary
+
+
+def test_a_quiet_window_that_chance_explains_at_the_arrival_rate_is_no_possible_stall():
+    """The same two stalls' shape at 4 requests a second: a quiet 300 ms is about one missed arrival, what a
+    request awaiting something unseen while the loop runs free leaves as often."""
+    tl = service([4000, 8000], every_ms=250)
+    shaped = [c for c in candidate_stalls(tl) if c.resumed_first and c.blocker is not None]
+    assert len(shaped) == 2
+    assert infer_from_spans(tl, warmup_s=2.0).possible_stalls == ()
+    assert share_in_possible_stalls(tl.requests, DB_QUERY, ()) == 0.0
+
+
+def test_share_in_possible_stalls_counts_the_layers_time_inside_the_windows_of_its_instance():
+    windows = (PossibleStall(1, ms(100), ms(200), "GET /export"), PossibleStall(1, ms(300), ms(400), "GET /export"))
+    rt = req(0, 500, seg(DB_QUERY, 50, 350), seg(PROVIDER, 360, 380), seg(DB_QUERY, 450, 550))
+    # the first query: 100 + 50 of its 300 ms inside; the last: 0 of 100
+    assert share_in_possible_stalls([rt], DB_QUERY, windows) == 150 / 400
+    assert share_in_possible_stalls([rt], PROVIDER, windows) == 1.0
+    other = req(0, 500, seg(DB_QUERY, 50, 350), pid=2)
+    assert share_in_possible_stalls([other], DB_QUERY, windows) == 0.0  # another instance's windows
