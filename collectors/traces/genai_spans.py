@@ -165,6 +165,9 @@ class LLMCall:
     #: True for a request span that ends when a stream's response object is returned (Logfire):
     #: time before the stream, not a whole call; the stream is a span of its own.
     stream_request: bool = False
+    #: True when the span's first-token events recur (a chunk event per chunk) and the tracer dropped
+    #: events: it keeps the latest, so the earliest left is not the first, and the first token is unknown.
+    first_token_lost: bool = False
 
 
 def _first(attrs: Mapping[str, Any], names: tuple[str, ...]) -> Any:
@@ -185,7 +188,9 @@ def read_llm_call(span: Span) -> LLMCall:
     """`span` (a `MODEL_CALL` span) as an `LLMCall`, read by its instrumentation's table (`names_of`).
 
     The first token is the instrumentation's TTFT attribute when it lies within the span, else
-    its first first-token event within the span. A Logfire stream log (zero-length, at the
+    its first first-token event within the span - unless the tracer dropped events (over its
+    limit: OpenLLMetry records one per chunk, 128 are kept, the latest) and that event recurs,
+    when the earliest left is not the first (`LLMCall.first_token_lost`). A Logfire stream log (zero-length, at the
     stream's end, with `duration`) becomes the stream's time: from `duration` before it to it.
     """
     names = names_of(span)
@@ -199,12 +204,16 @@ def read_llm_call(span: Span) -> LLMCall:
         elif attrs.get("logfire.span_type") == "span" and _first(attrs, names.output_tokens) is None and "gen_ai.response.id" not in attrs:
             stream_request = True  # its stream is the log record that follows
     first: int | None = None
+    lost = False
     ttft_s = _seconds(_first(attrs, names.ttft_s))
     if ttft_s is not None and 0 <= ttft_s * 1e9 <= end - start:
         first = start + int(ttft_s * 1e9)
     elif names.first_token_events:
         marks = [e.ts_ns for e in span.events if e.name in names.first_token_events and start <= e.ts_ns <= end]
-        first = min(marks) if marks else None
+        if span.dropped_events and len(marks) > 1:
+            lost = True
+        else:
+            first = min(marks) if marks else None
     out = {key: value for key, value in attrs.items() if not is_content(key)}
     model = _first(attrs, names.model)
     if model is not None:
@@ -214,4 +223,4 @@ def read_llm_call(span: Span) -> LLMCall:
         if value is not None:
             out[target] = value
     out[INSTRUMENTATION] = names.name
-    return LLMCall(start, end, first, out, stream_request)
+    return LLMCall(start, end, first, out, stream_request, lost)

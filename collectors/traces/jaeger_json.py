@@ -404,7 +404,7 @@ class _Reader(ReaderState):
                 kind, status_code, scope = self._otel_tags(attrs)
             out_append(new_tuple(Span, (
                 trace_id, span_id, parent_id, shared.setdefault(name, name), kind, start, start + duration,
-                service, scope, attrs or NO_ATTRS, status_code, events, links, resource,
+                service, scope, attrs or NO_ATTRS, status_code, events, links, resource, 0,
             )))  # fmt: skip
 
     def _embedded_process(

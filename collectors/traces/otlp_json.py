@@ -561,7 +561,7 @@ class _Reader(ReaderState):
                 ids_append(span_id)
                 out_append(new_tuple(Span, (
                     trace_id, span_id, parent_id, name, kind, start, end,
-                    service, scope, attrs, status_code, (), (), resource,
+                    service, scope, attrs, status_code, (), (), resource, 0,
                 )))  # fmt: skip
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError, _Unreadable):
                 if slow is None:
@@ -672,9 +672,12 @@ class _Reader(ReaderState):
         if links is None:
             self._skip("span(s) whose links is not a list")
             return None
+        dropped = sp.get("droppedEventsCount", sp.get("dropped_events_count", 0))
+        if type(dropped) is str and dropped.isdigit():  # (a uint32: JSON numbers, but be lenient)
+            dropped = int(dropped)
         return Span(
             trace_id, span_id, parent_id, shared.setdefault(name, name), kind, start, end, service, scope,
-            attrs or NO_ATTRS, status_code, events, links, resource,
+            attrs or NO_ATTRS, status_code, events, links, resource, dropped if events and type(dropped) is int and dropped > 0 else 0,
         )  # fmt: skip
 
     def _events(self, raw: Any) -> tuple[SpanEvent, ...] | None:

@@ -338,7 +338,7 @@ def _resource_spans(rs: Any, counters: Counters, out: list[Span]) -> None:
             links = _links(sp.links, counters) if len(sp.links) else ()
             out_append(new_tuple(Span, (
                 trace_id, span_id, parent_id, name, kind, start, end, service, scope,
-                attrs or no_attrs, status_code, events, links, resource,
+                attrs or no_attrs, status_code, events, links, resource, sp.dropped_events_count if events else 0,
             )))  # fmt: skip
     if len(shared) > _SHARED_MAX:
         shared.clear()  # many distinct values: stop paying for what is not shared

@@ -533,6 +533,8 @@ def encode_request(spans: Sequence[Span]) -> bytes:
         if span.events:
             out["events"] = [{"timeUnixNano": str(ev.ts_ns), "name": ev.name, "attributes": _key_values(ev.attrs)}
                              for ev in span.events]  # fmt: skip
+        if span.dropped_events:
+            out["droppedEventsCount"] = span.dropped_events
         if span.links:
             out["links"] = [{"traceId": link.trace_id, "spanId": link.span_id} for link in span.links]
         out["status"] = {"code": span.status_code} if span.status_code else {}

@@ -89,6 +89,10 @@ class Span(NamedTuple):
     events: tuple[SpanEvent, ...] = ()
     links: tuple[SpanLink, ...] = ()
     resource: Mapping[str, Any] = NO_ATTRS
+    #: How many events the tracer dropped (OTLP `dropped_events_count`: over its limit, 128 by default), on a
+    #: span that kept some (0 on one with none: nothing to misread). The OpenTelemetry SDK keeps the latest,
+    #: so the first of a kind - a stream's first chunk - may be gone.
+    dropped_events: int = 0
 
     @property
     def duration_ns(self) -> int:

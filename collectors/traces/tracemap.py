@@ -187,11 +187,13 @@ class TraceEvents:
 
 
 class _Counts:
-    __slots__ = ("duplicates", "missing_parent", "cycles", "skewed", "skew_max_ns", "skew_pairs", "instances", "by_resource", "services")
+    __slots__ = ("duplicates", "missing_parent", "cycles", "skewed", "skew_max_ns", "skew_pairs", "instances", "by_resource", "services",
+                 "first_token_lost")
 
     def __init__(self) -> None:
         self.duplicates = 0
         self.missing_parent = 0
+        self.first_token_lost = 0
         self.cycles = 0
         self.skewed = 0
         self.skew_max_ns = 0
@@ -236,6 +238,13 @@ def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_P
         )
     if counts.cycles:
         out.warnings.append(f"{counts.cycles} span(s) in parent cycles (no root above them); left out")
+    if counts.first_token_lost:
+        out.warnings.append(
+            f"{counts.first_token_lost} LLM call span(s) lost their first chunk events (the tracer dropped events over its"
+            " limit and kept the latest): their first token is unknown, so they are split into provider and model as"
+            " non-streamed calls are; raise OTEL_SPAN_EVENT_COUNT_LIMIT above the chunks a stream sends (the default is"
+            " 128) to measure it"
+        )
     if counts.skewed:
         pairs = ", ".join(f"{child} under {parent}" for (child, parent), _ in sorted(counts.skew_pairs.items(), key=lambda kv: -kv[1])[:3])
         out.warnings.append(
@@ -364,7 +373,7 @@ def map_trace(
                 counts.skew_pairs[pair] = counts.skew_pairs.get(pair, 0) + 1
             if layer is _GENAI_MODEL:
                 child_in_llm = True
-                calls = _model_call(request_id, span, parent_segment, pid)
+                calls = _model_call(request_id, span, parent_segment, pid, counts)
                 segments.extend(calls)
                 for call in calls:
                     if call[4] is not None:
@@ -443,7 +452,7 @@ def map_trace(
         counts.cycles += len(by_id) - reached
 
 
-def _model_call(request_id: str, span: Span, parent_segment: str | None, pid: int) -> list[Segment]:
+def _model_call(request_id: str, span: Span, parent_segment: str | None, pid: int, counts: _Counts) -> list[Segment]:
     """A GenAI model span, read by its instrumentation's names (`genai_spans.read_llm_call`):
     `provider` until the first token when recorded, `model` after; without it `provider` with
     `latprof.ttft_known: false`. A Logfire stream's request span (it ends at the response
@@ -451,6 +460,8 @@ def _model_call(request_id: str, span: Span, parent_segment: str | None, pid: in
     sid = span[1]
     call = genai_spans.read_llm_call(span)
     start, end, first = call.start_ns, call.end_ns, call.first_token_ns
+    if call.first_token_lost:
+        counts.first_token_lost += 1
     if call.stream_request:
         return [Segment(request_id, sid, parent_segment, span[3], PROVIDER, start, end, pid, call.attrs)]
     if first is not None:  # measured: the floor and decode rules read such calls

@@ -332,7 +332,7 @@ class _Reader(ReaderState):
             service = shared.setdefault(service, service)
             out_append(new_tuple(Span, (
                 trace_id, span_id, parent_id, shared.setdefault(name, name), kind, start, start + duration,
-                service, scope, attrs or NO_ATTRS, status_code, events, (), self._resource(service),
+                service, scope, attrs or NO_ATTRS, status_code, events, (), self._resource(service), 0,
             )))  # fmt: skip
 
     def _tags(self, tags: dict[str, Any]) -> dict[str, Any]:

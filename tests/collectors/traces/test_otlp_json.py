@@ -383,6 +383,21 @@ def test_events_and_links_with_hex_ids(tmp_path: Path) -> None:
     ]
 
 
+def test_dropped_events_are_read_and_written_back(tmp_path: Path) -> None:
+    """`droppedEventsCount` (the SDK's limit dropped the oldest events) rides on the span: a recurring first-token
+    event is then not the first (`genai_spans.read_llm_call`); `latprof receive` writes it back."""
+    from latprof.collectors.traces.receive import encode_request
+
+    chunk = [{"timeUnixNano": str(T0 + 5 * MS), "name": "gen_ai.content.completion.chunk"}]
+    dropped = span(events=chunk)
+    dropped["droppedEventsCount"] = 114
+    read = read_otlp_json(write_lines(tmp_path / "d.json", request(dropped, span(CHILD_ID, ROOT_ID))))
+    root, child = read.spans
+    assert (root.dropped_events, child.dropped_events) == (114, 0)
+    again = read_otlp_json(write_lines(tmp_path / "again.json", orjson.loads(encode_request(read.spans))))
+    assert [s.dropped_events for s in again.spans] == [114, 0] and again.spans == read.spans
+
+
 # --- real files from outside this project ---------------------------------------------------
 
 

@@ -191,6 +191,18 @@ def test_sdk_spans_read_as_the_json_reader_reads_the_same_request(tmp_path: Path
     assert len({id(s.resource) for s in read.spans}) == len(msg.resource_spans)
 
 
+def test_dropped_events_count_is_kept_on_a_span_with_events_as_the_json_reader_keeps_it(tmp_path: Path) -> None:
+    msg = ExportTraceServiceRequest()
+    scope = msg.resource_spans.add().scope_spans.add()
+    chunked, bare = proto_span(), proto_span(CHILD_ID, ROOT_ID)
+    chunked.events.add(time_unix_nano=T0 + MS, name="gen_ai.content.completion.chunk")
+    chunked.dropped_events_count = bare.dropped_events_count = 114
+    scope.spans.extend([chunked, bare])
+    read = read_otlp_proto(write(tmp_path / "dropped.pb", msg.SerializeToString()))
+    assert [s.dropped_events for s in read.spans] == [114, 0]  # none kept: nothing to misread
+    assert read.spans == json_read(tmp_path, msg).spans
+
+
 def test_every_attribute_value_type_and_unreadable_ones_dropped(tmp_path: Path) -> None:
     values = {"s": "text", "b": True, "i": -7, "d": 2.5, "big": 2**63 - 1, "bytes": b"\x00\x01\xff",
               "array": ["a", 1, [True]], "kvlist": {"k": "v", "n": {"deep": 1.5}}, "empty_array": []}  # fmt: skip

@@ -66,6 +66,28 @@ def test_openllmetry_first_chunk_event_and_older_names():
     assert PROMPT not in repr(model.attrs)
 
 
+def test_openllmetry_chunk_events_the_tracer_dropped_leave_the_first_token_unknown():
+    """OpenLLMetry records an event per chunk; over the SDK's limit (128) it keeps the latest, so the earliest
+    left came mid-stream (a 240-token demo stream read a 1.2 s "TTFT" so): with dropped events, a recurring
+    first-token event says nothing, and the call is split as a non-streamed one is. A single first-token event
+    (OpenInference's) is still the first."""
+    chunks = tuple(SpanEvent("gen_ai.content.completion.chunk", ms(t)) for t in range(150, 300, 10))
+    attrs = {"llm.request.type": "chat", "gen_ai.request.model": "m1", "gen_ai.usage.completion_tokens": 240}
+    llm = span("openai.chat", 0, 300, kind=KIND_CLIENT, scope="opentelemetry.instrumentation.openai.v1", events=chunks, **attrs)
+    provider, model = llm_segments(llm)
+    assert provider.end_ns == ms(150) and provider.attrs["latprof.ttft_known"] is True  # nothing dropped: the first
+    lost = llm._replace(span_id=f"{next(_ids):016x}", dropped_events=113)
+    [provider] = llm_segments(lost)
+    assert (provider.start_ns, provider.end_ns, provider.attrs["latprof.ttft_known"]) == (ms(0), ms(300), False)
+    root = span("POST /chat", 0, 2000, kind=KIND_SERVER)
+    events = map_spans([root, lost._replace(parent_id=root.span_id)])
+    assert any("1 LLM call span(s) lost their first chunk events" in w and "OTEL_SPAN_EVENT_COUNT_LIMIT" in w for w in events.warnings)
+    single = span("ChatCompletion", 10, 400, scope="openinference.instrumentation.openai", events=(SpanEvent("First Token Stream Event", ms(160)),),
+                  **{"openinference.span.kind": "LLM", "llm.model_name": "m1"})._replace(dropped_events=5)  # fmt: skip
+    provider, _ = llm_segments(single)
+    assert provider.end_ns == ms(160)
+
+
 def test_gen_ai_time_to_first_chunk_attribute_splits_a_semconv_span():
     llm = span("chat m1", 0, 300, kind=KIND_CLIENT, scope="opentelemetry.util.genai.handler",
                **{"gen_ai.operation.name": "chat", "gen_ai.request.model": "m1", "gen_ai.response.time_to_first_chunk": 0.2,
