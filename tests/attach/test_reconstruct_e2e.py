@@ -32,7 +32,7 @@ from attach.procs import attach_cli, free_port, gunicorn, load, start_server
 from latprof.analysis.requests import layer_times_ms
 from latprof.pipeline import run_diagnosis
 
-pytestmark = pytest.mark.slow  # real servers under load, for seconds each
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # real servers under load, for seconds each: with the long runs (CI)
 
 #: One gthread worker process of 6 threads: every request has a thread of its own (CLIENTS < 6).
 GUNICORN_ARGS = ("-k", "gthread", "--threads", "6", "-w", "1")

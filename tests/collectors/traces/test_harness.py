@@ -24,7 +24,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from otlp_harness import DBS, SCENARIOS
 from otlp_receiver import MAX_BODY_BYTES, OtlpReceiver, file_exporter_json
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # real traced services under load, 10 s each: with the long runs (CI)
 
 HEX32, HEX16 = re.compile(r"^[0-9a-f]{32}$"), re.compile(r"^[0-9a-f]{16}$")
 DIGITS = re.compile(r"^[0-9]+$")

@@ -18,7 +18,7 @@ from latprof.demo.provider import Provider
 from test_otlp_e2e import report_of
 
 #: Each records a real service for seconds: run by `.ci/run` after the README's command (`pytest -m long`).
-pytestmark = pytest.mark.long
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 #: Provider settings: a short answer (~150 ms), so a 300 ms backoff stands out.
 LLM = {"ttft_ms": 120, "tpot_ms": 5, "output_tokens": 6}

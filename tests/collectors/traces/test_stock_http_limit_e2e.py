@@ -19,7 +19,7 @@ import otlp_harness
 from test_otlp_e2e import report_of
 
 #: Each records a real service for seconds: run by `.ci/run` after the README's command (`pytest -m long`).
-pytestmark = pytest.mark.long
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 #: The client's limit (httpx max_connections) and the provider: ~150 ms a call, not streamed.
 LIMIT = 2

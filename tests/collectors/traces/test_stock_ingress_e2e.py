@@ -39,7 +39,7 @@ from otlp_receiver import OtlpReceiver
 from test_otlp_e2e import report_of
 
 #: Each records a real service for seconds: run by `.ci/run` after the README's command (`pytest -m long`).
-pytestmark = pytest.mark.long
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[3]
 APPS = "tests.collectors.traces.apps.stock_backlog"

@@ -22,7 +22,7 @@ from test_otlp_e2e import report_of
 from test_stock_faults_e2e import finding_of
 
 #: Each records a real service for seconds: run by `.ci/run` after the README's command (`pytest -m long`).
-pytestmark = pytest.mark.long
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 #: Provider settings: an answer in ~95 ms.
 LLM = {"ttft_ms": 80, "tpot_ms": 2, "output_tokens": 5}
