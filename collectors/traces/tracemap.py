@@ -110,10 +110,10 @@ def classify(span: Span, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> str | 
                 return TOOL
             return None
     if "db.system.name" in attrs or "db.system" in attrs:
-        if span.name == "connect" and span.scope == SQLALCHEMY_SCOPE:
+        if span[3] == "connect" and span[8] == SQLALCHEMY_SCOPE:  # name, scope
             return DB_POOL
         return DB_QUERY
-    kind = span.kind
+    kind = span[4]
     if kind == KIND_CLIENT:
         if ("http.request.method" in attrs or "http.method" in attrs) and url_path(attrs).endswith(
             llm_paths if type(llm_paths) is tuple else tuple(llm_paths)

@@ -57,7 +57,7 @@ def critical_path(rt: RequestTimeline) -> dict[str | None, int]:
     if not segments:
         return {None: end - start}
     for segment in segments:
-        if segment.parent_id is not None:
+        if segment[2] is not None:  # parent_id (by index: every segment)
             break
     else:
         return _walk_flat(start, end, segments)
@@ -83,9 +83,10 @@ def _walk_flat(start: int, end: int, segments: Sequence[Segment]) -> dict[str | 
     for child in sorted(segments, key=_LATEST_END_FIRST, reverse=True):
         if cursor <= start:
             break
-        child_start = child.start_ns
-        child_end = child.end_ns
-        if child_start >= cursor or child_end <= child_start or child.layer is None:
+        child_start = child[5]  # fields by index (start_ns, end_ns, layer): every segment of most requests
+        child_end = child[6]
+        layer = child[4]
+        if child_start >= cursor or child_end <= child_start or layer is None:
             continue
         if child_end < cursor:
             gap_start = child_end if child_end > start else start
@@ -94,7 +95,6 @@ def _walk_flat(start: int, end: int, segments: Sequence[Segment]) -> dict[str | 
             if cursor <= start:
                 break
         owned_from = child_start if child_start > start else start
-        layer = child.layer
         out[layer] = out.get(layer, 0) + (cursor - owned_from)
         cursor = owned_from
     if cursor > start:
