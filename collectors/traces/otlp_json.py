@@ -530,15 +530,13 @@ class _Reader(ReaderState):
                     for kv in attributes:
                         key = kv["key"]
                         value = kv["value"]
-                        if "stringValue" in value:
-                            value = value["stringValue"]
-                            known = shared_get(value)
-                            if known is None:
-                                if type(value) is not str:
+                        string = value.get("stringValue")  # one lookup, not `in` and then `[]`: most values are strings
+                        if string is not None:
+                            value = shared_get(string)
+                            if value is None:
+                                if type(string) is not str:
                                     raise ValueError
-                                shared[value] = value
-                            else:
-                                value = known
+                                value = shared[string] = string
                         elif "intValue" in value:
                             value = value["intValue"]
                             if type(value) is not str and type(value) is not int:
