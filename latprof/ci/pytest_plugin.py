@@ -137,6 +137,11 @@ class Service:
         return f"<latprof Service pid={self.pid} {state} {_shell(self.cmd)!r}>"
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default disposition (an ignored signal stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Latprof:
     """What the `latprof` fixture returns: `run` starts a service under `latprof run`, `check` gates a capture."""
 
@@ -158,10 +163,14 @@ class Latprof:
         n = len(self.services) + 1
         capture, log = self.workdir / f"service-{n}.jsonl", self.workdir / f"service-{n}.log"
         argv = [sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture), "--", *cmd]
+        # A background job of a non-interactive shell (how CI runners often start pytest) inherits
+        # SIGINT ignored, and so would `latprof run` and the service: `stop` would wait out its timeout
+        # and kill the service before its capture's last flush. The service gets SIGINT as from a terminal.
+        restore = _default_sigint if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else None
         with open(log, "wb") as out:
             # Own session: Ctrl-C in the terminal reaches pytest only, and teardown stops the service.
-            proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=restore)  # fmt: skip
         service = Service(proc, cmd, capture, log)
         self.services.append(service)
         if ready_url is not None:

@@ -284,6 +284,25 @@ def test_services_are_stopped_by_pid_at_teardown_killed_after_the_timeout_and_a_
         assert all(_gone(pid) for pid in pids), (name, pids)
 
 
+SIGINT_IGNORED = """
+import signal, sys, time
+
+def test_stopped(latprof):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job of a non-interactive shell starts pytest
+    service = latprof.run(sys.executable, "-c", "import time; time.sleep(60)")
+    time.sleep(1.5)  # the capture's first flush
+    capture = service.stop(timeout_s=10)
+    assert not service.killed and capture.exists()
+"""
+
+
+def test_a_service_is_stopped_by_sigint_even_when_pytest_was_started_with_sigint_ignored(pytester):
+    # CI runners often start the tests as a background job, which inherits SIGINT ignored: the
+    # service must still get it (not sit out the stop timeout and lose its capture's last flush).
+    result = inner(pytester, None, SIGINT_IGNORED)
+    result.assert_outcomes(passed=1)
+
+
 def test_the_plugin_can_be_turned_off(pytester):
     result = inner(pytester, None, CHECK_EXAMPLE, "-p", "no:latprof")
     result.assert_outcomes(errors=1)
