@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from latprof.capture.files import open_input
+from latprof.capture.files import GzipInput, open_input
 from latprof.errors import InputError
 from latprof.collectors.traces.spans import STATUS_ERROR, STATUS_NAMES, STATUS_UNSET, Span
 
@@ -61,7 +61,7 @@ def read_bytes(path: str) -> tuple[bytes, str | None]:
     stream = open_input(path)
     chunks: list[bytes] = []
     try:
-        if isinstance(stream, gzip.GzipFile):
+        if isinstance(stream, GzipInput):  # in chunks, so a truncated stream keeps what came before
             while True:
                 chunk = stream.read(_CHUNK)
                 if not chunk:
@@ -76,6 +76,16 @@ def read_bytes(path: str) -> tuple[bytes, str | None]:
     finally:
         stream.close()
     return b"".join(chunks), None
+
+
+def first_keys(obj: dict[Any, Any], count: int = 4) -> str:
+    """The first `count` keys of a parsed object for a one-line message: a key with a line break
+    or another unprintable character (or past 40 characters) shown as its escaped, cut repr."""
+    shown = []
+    for key in list(obj)[:count]:
+        text = str(key)
+        shown.append(text if text.isprintable() and len(text) <= 40 else repr(text[:40]))
+    return ", ".join(shown)
 
 
 def json_type(value: Any) -> str:

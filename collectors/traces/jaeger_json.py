@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import orjson
 
 from latprof.capture.files import gc_paused
-from latprof.collectors.traces._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
+from latprof.collectors.traces._tracefile import first_keys as _first_keys, has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
 from latprof.collectors.traces._tracefile import DIGITS as _DIGITS, SHARED_MAX as _SHARED_MAX, ReaderState, TraceRead
 from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID, sniff_text as _sniff_text
 from latprof.errors import InputError
@@ -170,7 +170,7 @@ class _Reader(ReaderState):
         if type(doc) is dict:
             if "data" in doc or "traceID" in doc or "spans" in doc:
                 return
-            keys = ", ".join(list(doc)[:4])
+            keys = _first_keys(doc)
             reason = f"the first JSON object has no data, traceID or spans ({f'its keys: {keys}' if keys else 'it is empty'})"
         elif type(doc) is list:
             if not doc:
@@ -179,7 +179,7 @@ class _Reader(ReaderState):
             if type(first) is dict and ("traceID" in first or "spans" in first):
                 return
             if type(first) is dict:
-                keys = ", ".join(list(first)[:4])
+                keys = _first_keys(first)
                 reason = f"its first array element is not a trace (no traceID or spans; its keys: {keys})"
             else:
                 reason = f"its first array element is a JSON {_json_type(first)}, not a trace object"

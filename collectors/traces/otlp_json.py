@@ -35,10 +35,10 @@ from typing import IO, Any, Mapping
 
 import orjson
 
-from latprof.capture.files import gc_paused, open_input
+from latprof.capture.files import gc_paused, open_input, skip_blank_lines
 from latprof.collectors.traces._tracefile import SHARED_MAX as _SHARED_MAX, UTF8_BOM as _UTF8_BOM, ReaderState, TraceRead
 from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID, has_key
-from latprof.collectors.traces._tracefile import sniff_text as _sniff_text
+from latprof.collectors.traces._tracefile import first_keys as _first_keys, sniff_text as _sniff_text
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.collectors.traces.spans import KIND_NAMES, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
@@ -288,7 +288,7 @@ class _Reader(ReaderState):
                 return
             if any(key in doc for key in _SIGNAL_KEYS):
                 return  # metrics or logs: the lines after may still be traces; counted, said at the end
-            keys = ", ".join(list(doc)[:4])
+            keys = _first_keys(doc)
             reason = f"the first JSON object has no resourceSpans (its keys: {keys})"
         else:
             reason = f"it starts with a JSON {_json_type(doc)}, not an object"
@@ -314,6 +314,8 @@ class _Reader(ReaderState):
             except JSONDecodeError as exc:
                 if line.strip():
                     torn = (lineno, f"not valid JSON: {exc}")
+                else:
+                    lineno += skip_blank_lines(stream)
                 continue
             if not take(doc):
                 torn = (lineno, f"a JSON {_json_type(doc)}, not an ExportTraceServiceRequest object")

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import orjson
 
 from latprof.capture.files import gc_paused
-from latprof.collectors.traces._tracefile import has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
+from latprof.collectors.traces._tracefile import first_keys as _first_keys, has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
 from latprof.collectors.traces._tracefile import DIGITS as _DIGITS, SHARED_MAX as _SHARED_MAX, ReaderState, TraceRead
 from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID, sniff_text as _sniff_text
 from latprof.errors import InputError
@@ -175,13 +175,13 @@ class _Reader(ReaderState):
             if first is None or (type(first) is dict and ("traceId" in first or "id" in first)):
                 return  # an empty array (or trace): no spans, said at the end
             if type(first) is dict:
-                keys = ", ".join(list(first)[:4])
+                keys = _first_keys(first)
                 described = f"its keys: {keys}" if keys else "it is empty"
                 reason = f"its first array element is not a span (no traceId or id; {described})"
             else:
                 reason = f"its first array element is a JSON {_json_type(first)}, not a span object"
         elif type(doc) is dict:
-            keys = ", ".join(list(doc)[:4])
+            keys = _first_keys(doc)
             reason = f"it is a JSON object ({f'its keys: {keys}' if keys else 'empty'}), not an array of spans"
         else:
             reason = f"it starts with a JSON {_json_type(doc)}, not an array of spans"
