@@ -138,7 +138,17 @@ NOTE_HOOK_ACTIVE: Final = "hook_active"
 #: before they existed list every loaded hook instead).
 NOTES_ACTIVITY: Final = "notes_activity"
 #: attrs `cpu_percent` and `added_ms_per_request`: what collection cost the observed process.
+#: `cpu_percent` is a percentage of one CPU core over the time collected (run.md, attach.md).
 NOTE_OVERHEAD: Final = "overhead"
+#: attr of an `overhead` record: whose cost it is. `OVERHEAD_SOURCE_HOOKS` for the in-process
+#: hooks (`latprof run`, `attach --inject`: one record per process, more attrs in
+#: `latprof.collectors.hooks.runtime.cost`); absent for the attach sampler's own process.
+OVERHEAD_SOURCE: Final = "source"
+OVERHEAD_SOURCE_HOOKS: Final = "hooks"
+#: A capture writer closed cleanly: its process's last record (attrs `events`, `dropped`,
+#: `errors`: its totals). A header with `closes: true` promises one; its absence means the
+#: process was killed, crashed or could not write its end (reader: a collection warning).
+NOTE_CLOSED: Final = "closed"
 #: One process `latprof attach --inject` tried (attrs: `outcome`, `held_ms`, `hooks`,
 #: `coverage`, `detach`, ...: `latprof.inject.session.Injected`); the report's `collection.injected`.
 NOTE_INJECTED: Final = "injected"

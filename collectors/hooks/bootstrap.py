@@ -29,6 +29,11 @@ from latprof.collectors.hooks import (
 from latprof.events import QualityRecord
 from latprof.semconv import NOTE_HOOKS_LOADED, NOTES_ACTIVITY
 
+#: A folder `latprof run` reads after the command: each process's writer leaves its totals
+#: there when it closes (what it wrote and lost), which `latprof run` reports even when the
+#: capture itself could not be written.
+ENV_STATUS_DIR = "LATPROF_STATUS_DIR"
+
 #: Every hook by the name `--hooks` knows it by: a module whose `scaffold` (`_scaffold.Hook`)
 #: says what it patches in which library versions, with an `install()` that patches each library
 #: when the service imports it (importing a hook module patches nothing) and an `uninstall()`.
@@ -67,7 +72,7 @@ def install_from_environment(environ: Mapping[str, str] = os.environ) -> list[st
     path = environ.get(runtime.ENV_CAPTURE)
     if not path or runtime.active():
         return []
-    writer = CaptureWriter(path, source="run")
+    writer = CaptureWriter(path, source="run", status_dir=environ.get(ENV_STATUS_DIR) or None)
     runtime.start(writer)
     install_flush_on_signals(writer)
     max_rate = _max_rate(environ.get(runtime.ENV_MAX_RATE))

@@ -9,6 +9,10 @@ which emits the request root. While it is open, `current_request()` returns its 
 every task and thread that inherited the context (anyio and asyncio copy contexts), and
 `segment()` / `record()` emit segments that belong to it, nested under the innermost
 open segment of the calling task.
+
+What the hooks cost the process is written as `overhead` quality records (see "what the hooks
+cost" below): the CPU of the capture writer's thread, read from its clock, plus the time
+spent in the recording functions here, timed on about 1 in `COST_TIMING_STRIDE` calls.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from latprof import semconv
 from latprof.events import NO_ATTRS, Event, Gauge, QualityRecord, Request, Segment
-from latprof.semconv import LAST_ERROR, NOTE_ERROR
+from latprof.semconv import LAST_ERROR, NOTE_ERROR, NOTE_OVERHEAD, OVERHEAD_SOURCE, OVERHEAD_SOURCE_HOOKS
 
 #: Environment variables `latprof run` sets for the processes it starts.
 ENV_CAPTURE = "LATPROF_CAPTURE"  # path of the capture file every process appends to
@@ -102,8 +106,168 @@ def _reset_ids() -> None:
     _seen.clear()  # a forked worker says for itself which hooks see its traffic
 
 
+# --- what the hooks cost -----------------------------------------------------------------------
+#
+# Two parts, neither touching the service's threads beyond the hooks' own calls:
+# - the capture writer's flush thread: its CPU clock (`time.pthread_getcpuclockid`), measured;
+# - the recording functions the hooks call on the service's threads (`open_request`,
+#   `end_request`, `record`, `gauge`): about 1 in COST_TIMING_STRIDE calls is timed with
+#   `perf_counter_ns` (the gap to the next timed call drawn at random from 1 to 2 * stride - 1,
+#   so no pattern of calls per request locks onto one phase), and the sum scaled by calls made /
+#   calls timed. Wall-clock time: a timed call of `MAX_TIMED_NS` or more was not running all that
+#   time (its thread was preempted, or the garbage collector ran) and is left out of the sample,
+#   which would otherwise count it 16 times over. What each call costs beyond that (about 50 ns:
+#   the counter) is not counted.
+# Not measured: the hooks' wrapper code outside these functions (the inbound hooks' per-request
+# bookkeeping, the asyncio coroutine proxies, TCP_INFO, the sampler's decision on requests not
+# recorded), nor the indirect cost (more garbage collection, caches). A sampler of the service
+# threads' frames from a thread of latprof's was tried and dropped: it only gets the GIL where
+# a thread releases it, which under uvloop is the loop's poll, never inside the hooks.
+# `benchmarks/bench_reported_overhead.py` measures how much of the side-by-side cost this catches.
+
+#: About 1 in this many calls of the recording functions is timed.
+COST_TIMING_STRIDE = 16
+#: A timed call this long is an outlier (a few microseconds is usual): not part of the sample.
+MAX_TIMED_NS = 1_000_000
+#: An `overhead` record is written at most this often while recording (from a timed call), and at exit.
+OVERHEAD_REPORT_INTERVAL_S = 2.0
+
+_perf_ns = time.perf_counter_ns
+_calls: Iterator[int] = itertools.count()  # the recording functions' calls, numbered (next() is atomic)
+_timed_at = 0  # the number of the next call to time
+_timed_ns = 0  # the timed calls' total duration
+_timed = 0  # how many calls were timed
+_last_call = 0  # the number of the latest timed call: about how many calls were made until then
+_recorded = 0  # requests whose root was emitted (`end_request`)
+_cost_wall_ns = 0  # perf_counter_ns when this process's accounting began
+_cost_cpu_s = 0.0  # process CPU then
+_arrivals_base: tuple[int, int] = (0, 0)  # (id of the sampler, its arrivals) then
+_writer_cpu_s = 0.0  # the writer threads' CPU, summed over threads that came and went
+_writer_thread: tuple[int, float] | None = None  # (ident, its CPU at the last reading)
+_overhead_due_ns = 0  # perf_counter_ns from which the next periodic `overhead` record is due
+
+
+def _reset_cost() -> None:
+    """Start this process's accounting from zero (at `start`, and in a forked child)."""
+    global _calls, _timed_at, _timed_ns, _timed, _last_call, _recorded, _cost_wall_ns, _cost_cpu_s
+    global _arrivals_base, _writer_cpu_s, _writer_thread, _overhead_due_ns
+    _calls = itertools.count()
+    _timed_at = int(random.random() * COST_TIMING_STRIDE)
+    _timed_ns = _timed = _last_call = _recorded = 0
+    _cost_wall_ns = _perf_ns()
+    _cost_cpu_s = time.process_time()
+    _arrivals_base = (id(sampler), sampler.arrivals + sampler.seen) if "sampler" in globals() else (0, 0)
+    _writer_cpu_s = 0.0
+    _writer_thread = None
+    _overhead_due_ns = _cost_wall_ns + int(OVERHEAD_REPORT_INTERVAL_S * 1e9)
+
+
+def _took(number: int, started_ns: int) -> None:
+    """The timed call, the `number`th, that began at `started_ns` ended: add it, pick the next call
+    to time and, when due, write the periodic `overhead` record. Not locked: threads racing here
+    may lose a timing now and then, never corrupt anything."""
+    global _timed_at, _timed_ns, _timed, _last_call
+    now = _perf_ns()
+    if now - started_ns < MAX_TIMED_NS:
+        _timed_ns += now - started_ns
+        _timed += 1
+        _last_call = number
+    _timed_at = number + 1 + int(random.random() * (2 * COST_TIMING_STRIDE - 1))
+    if now >= _overhead_due_ns:
+        report_overhead()
+
+
+def _writer_cpu() -> float:
+    """CPU seconds the capture writer's flush threads used in this process so far (their CPU
+    clocks, read from here: the thread itself is never touched)."""
+    global _writer_cpu_s, _writer_thread
+    ident = getattr(_writer, "flush_thread_ident", None)
+    if isinstance(ident, int):
+        try:
+            cpu: float | None = time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except (OSError, OverflowError, ValueError):
+            cpu = None
+        if cpu is not None:
+            if _writer_thread is not None and _writer_thread[0] == ident and cpu >= _writer_thread[1]:
+                _writer_cpu_s += cpu - _writer_thread[1]
+            elif _writer_thread is None or _writer_thread[0] != ident:  # a new flush thread: its clock began at 0
+                _writer_cpu_s += cpu
+            _writer_thread = (ident, cpu)
+    return _writer_cpu_s
+
+
+def requests_served() -> int:
+    """Requests the inbound hooks saw arrive in this process since recording began (recorded or
+    not: the sampler counts each), or those recorded when that is more."""
+    base_id, base = _arrivals_base
+    arrived = sampler.arrivals + sampler.seen - (base if id(sampler) == base_id else 0)
+    return max(arrived, _recorded)
+
+
+def cost() -> dict[str, Any]:
+    """What the hooks have cost this process since recording began (or it was forked): the attrs
+    of its `overhead` record.
+
+    - `writer_cpu_ms`: CPU of the capture writer's flush thread, read from its clock (measured).
+    - `hook_ms`: time in the recording functions on the service's threads, estimated from the
+      timed calls (`timed_calls` of `recording_calls`) scaled by calls made / calls timed.
+    - `cpu_percent`: the two together, as a percentage of one CPU core over the wall-clock time
+      since recording began in this process; `process_cpu_percent` the same as a percentage
+      of the CPU the process used meanwhile.
+    - `added_ms_per_request`: `hook_ms` per recorded request (None before the first): what a
+      recorded request spent in the recording functions. The writer's CPU is spent off the
+      requests' path and is not in it.
+    - `requests`: every request the inbound hooks saw arrive, recorded or not.
+    """
+    wall_s = max((_perf_ns() - _cost_wall_ns) / 1e9, 1e-9)
+    process_s = time.process_time() - _cost_cpu_s
+    writer_s = _writer_cpu()
+    timed, timed_ns = _timed, _timed_ns
+    calls = max(_last_call + 1, timed) if timed else 0
+    hook_s = timed_ns * calls / timed / 1e9 if timed else 0.0
+    recorded = _recorded
+    return {
+        OVERHEAD_SOURCE: OVERHEAD_SOURCE_HOOKS,
+        "cpu_percent": round(100 * (writer_s + hook_s) / wall_s, 4),
+        "added_ms_per_request": round(hook_s * 1000 / recorded, 5) if recorded else None,
+        "process_cpu_percent": round(100 * (writer_s + hook_s) / process_s, 3) if process_s > 0 else None,
+        "writer_cpu_ms": round(writer_s * 1000, 3),
+        "hook_ms": round(hook_s * 1000, 3),
+        "timed_calls": timed,
+        "recording_calls": calls,
+        "recorded_requests": recorded,
+        "requests": requests_served(),
+        "wall_s": round(wall_s, 3),
+        "injected": injected,
+    }
+
+
+def report_overhead() -> None:
+    """Write what the hooks cost this process so far as an `overhead` record; never raises.
+
+    Every `OVERHEAD_REPORT_INTERVAL_S` at most from a timed recording call, at `stop` and at
+    exit (a process killed by a signal keeps its latest). The report reads the latest of each
+    process.
+    """
+    global _overhead_due_ns
+    try:
+        if _writer is None:
+            return
+        _overhead_due_ns = _perf_ns() + int(OVERHEAD_REPORT_INTERVAL_S * 1e9)
+        # No message: the attrs say it all, and the report reads them (`collection.overhead`).
+        emit(QualityRecord(NOTE_OVERHEAD, now_ns(), _pid, "", 1, cost()))
+    except Exception as exc:
+        count_error("runtime", exc)
+
+
+def _after_fork_in_child() -> None:
+    _reset_ids()
+    _reset_cost()  # what the hooks cost a forked worker is its own, from its fork on
+
+
 _reset_ids()
-os.register_at_fork(after_in_child=_reset_ids)
+_reset_cost()
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # --- lifecycle ---------------------------------------------------------------------------------
@@ -113,6 +277,7 @@ def start(writer: Any) -> None:
     """Send every event from now on to `writer` (a `CaptureWriter`)."""
     global _writer
     _seen.clear()  # a new capture notes again which hooks see traffic
+    _reset_cost()
     _writer = writer
 
 
@@ -120,6 +285,8 @@ def stop() -> None:
     """Stop recording (tests); events emitted afterwards are ignored."""
     global _writer
     report_errors(force=True)
+    if _timed or _recorded:  # the last word on what the hooks cost (`attach --inject` removing them)
+        report_overhead()
     _writer = None
 
 
@@ -172,7 +339,7 @@ class Sampler:
     Not locked: threads that race on the counters only make the rate estimate a little off.
     """
 
-    __slots__ = ("max_rate", "stride", "seen", "window_start", "window_end", "limit", "_window_ns", "_clock", "_random",
+    __slots__ = ("max_rate", "stride", "seen", "arrivals", "window_start", "window_end", "limit", "_window_ns", "_clock", "_random",
                  "_position", "_pick")  # fmt: skip
 
     def __init__(
@@ -189,6 +356,8 @@ class Sampler:
         self._random = rng
         self.stride = 1
         self.seen = 0
+        #: Arrivals counted in the windows before the current one (`seen` counts the current one's).
+        self.arrivals = 0
         self.window_start = self.window_end = 0
         self.limit = 0
         self._position = self._pick = 0  # of the next arrival in its block of `stride`; the one recorded
@@ -196,6 +365,7 @@ class Sampler:
 
     def __call__(self) -> int:
         if self.max_rate <= 0:
+            self.seen += 1  # counted all the same: what the hooks cost is per request served
             return 1
         now = self._clock()
         if now >= self.window_end or self.seen >= self.limit:
@@ -221,6 +391,7 @@ class Sampler:
         self._new_window(now)
 
     def _new_window(self, now: int) -> None:
+        self.arrivals += self.seen
         self.seen = 0
         self._position = self.stride  # the stride may change: the next arrival starts a block
         self.window_start = now
@@ -270,12 +441,20 @@ def open_request(
     route: str, start_ns: int, attrs: Mapping[str, Any] | None = None
 ) -> tuple[contextvars.Token[RequestState | None], RequestState]:
     """`begin_request`, also returning the request's state (what `current_request()` now returns)."""
+    number = next(_calls)
+    started = _perf_ns() if number >= _timed_at else 0
     state = RequestState(new_id(), route, start_ns, _pid, dict(attrs) if attrs else {})
-    return _request.set(state), state
+    token = _request.set(state)
+    if started:
+        _took(number, started)
+    return token, state
 
 
 def end_request(token: contextvars.Token[RequestState | None], end_ns: int | None = None) -> None:
     """Emit the root of the request opened with `token` and close it in this context."""
+    global _recorded
+    number = next(_calls)
+    started = _perf_ns() if number >= _timed_at else 0
     state = _request.get()
     try:
         _request.reset(token)
@@ -295,6 +474,9 @@ def end_request(token: contextvars.Token[RequestState | None], end_ns: int | Non
             state.attrs or NO_ATTRS,
         )
     )
+    _recorded += 1  # not locked: a lost count now and then only shifts a per-request average
+    if started:
+        _took(number, started)
 
 
 #: `record(..., parent_id=ROOT)`: hang the segment off the request root, whatever is open.
@@ -353,6 +535,8 @@ def record(
     state = state or _request.get()
     if state is None or _writer is None:
         return None
+    number = next(_calls)
+    started = _perf_ns() if number >= _timed_at else 0
     sid = segment_id or new_id()
     if parent_id is ROOT:
         parent_id = None
@@ -376,6 +560,8 @@ def record(
             (dict(attrs) if copy_attrs else attrs) if attrs else NO_ATTRS,
         )
     )
+    if started:
+        _took(number, started)
     return sid
 
 
@@ -409,7 +595,11 @@ def segment(name: str, layer: str | None, attrs: dict[str, Any] | None = None) -
 def gauge(name: str, value: float, attrs: Mapping[str, Any] | None = None) -> None:
     """Emit one reading of a gauge (pool in use, loop lag, ...)."""
     if _writer is not None:
+        number = next(_calls)
+        started = _perf_ns() if number >= _timed_at else 0
         emit(Gauge(name, float(value), now_ns(), _pid, dict(attrs) if attrs else NO_ATTRS))
+        if started:
+            _took(number, started)
 
 
 def connection_wait_histogram(hook: str) -> Any:
@@ -479,7 +669,12 @@ def report_errors(force: bool = False) -> None:
         )
 
 
-atexit.register(lambda: report_errors(force=True))
+def _at_exit() -> None:
+    report_errors(force=True)
+    report_overhead()
+
+
+atexit.register(_at_exit)
 
 
 def guarded(hook: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -54,7 +54,7 @@ from latprof.attach.wire import (
     wire_state,
 )
 from latprof.layers import APP, DB_POOL, EVENT_LOOP, HTTP_POOL, LAYERS, LOCK, QUEUE, RETRY, UNATTRIBUTED
-from latprof.report.model import LayerRow, Report, WindowRow, overhead_of
+from latprof.report.model import LayerRow, Report, WindowRow, overhead_of, overhead_parts
 from latprof.report.verdict import decide_verdict
 from latprof.collectors.attach.stacks import (
     BUSY, IDLE, LOOP_FRAMES, Classification, classify_sample, event_loop_thread, has_frame, own_frame,
@@ -693,6 +693,7 @@ def build_attach_report(aa: AttachAnalysis, findings: Sequence[Finding]) -> Repo
             "warnings": [q.message for q in timeline.quality if q.kind == "warning"],
             **extra,
         },
+        overhead_parts=overhead_parts(timeline),
     )
 
 

@@ -26,6 +26,11 @@ from latprof.layers import SEGMENT_LAYERS
 SCHEMA = "latprof.capture/1"
 SCHEMA_PREFIX = "latprof.capture/"
 
+#: Header field: true when the writer ends its process's part with a `closed` quality record
+#: (`semconv.NOTE_CLOSED`) on a clean close; the reader warns when that record is missing.
+#: Headers of older writers lack it: nothing is expected of them.
+HEADER_CLOSES = "closes"
+
 #: `source` values a header may carry (report-v1 `source.kind`).
 SOURCE_KINDS = ("run", "attach", "otlp", "jaeger", "zipkin", "receive")
 #: Source kinds read from traces: what stock instrumentation leaves out is inferred (latprof.analysis.inference).

@@ -11,13 +11,14 @@ from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 import orjson
 
-from latprof.capture.files import open_input
-from latprof.capture.format import DECODERS, SCHEMA, SCHEMA_PREFIX, SOURCE_KINDS, segment_decoder
+from latprof.capture.files import open_input, skip_blank_lines
+from latprof.capture.format import DECODERS, HEADER_CLOSES, SCHEMA, SCHEMA_PREFIX, SOURCE_KINDS, segment_decoder
 from latprof.errors import InputError, SchemaVersionError
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.collectors.traces import jaeger_json, otlp_json, otlp_proto, zipkin_json
 from latprof.collectors.traces.spans import Span
 from latprof.collectors.traces.tracemap import SpanFacts, map_spans
+from latprof.semconv import NOTE_CLOSED
 
 _CAPTURE_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz", ".json", ".json.gz")
 _TRACE_SUFFIXES = (".json", ".json.gz")
@@ -44,6 +45,8 @@ class CaptureData:
     warnings: list[str] = field(default_factory=list)
     #: What mapping the spans noted for the trace inferences, when every request was mapped from spans.
     span_facts: SpanFacts | None = None
+    #: (file, pid) of each writing process whose header promised a `closed` record it never wrote.
+    unclosed: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def source_kind(self) -> str:
@@ -104,6 +107,8 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
             _read_file(path, data)
     if spans:
         _add_traces(spans, formats, data)
+    if data.unclosed:
+        data.warnings.extend(_unclosed_warnings(data))
     if not data.event_count:
         raise InputError(
             f"{', '.join(data.inputs)}: capture holds no events (did the service receive any traffic?)"
@@ -199,6 +204,7 @@ def _read_file(path: Path, data: CaptureData) -> None:
     lineno = 0
     segments = 0
     valueless_gauges = 0
+    open_writers: dict[int, int] = {}  # pid -> headers promising a `closed` record not yet seen
 
     stream = open_input(path)
     try:
@@ -225,6 +231,8 @@ def _read_file(path: Path, data: CaptureData) -> None:
                     _check_header(path, lineno, d)
                     seen_header = True
                     data.headers.append(d)
+                    if d.get(HEADER_CLOSES) is True:
+                        open_writers[int(d["pid"])] = open_writers.get(int(d["pid"]), 0) + 1
                 elif not seen_header:
                     raise InputError(_not_a_capture(path, line))
                 elif kind == "gauge":
@@ -235,12 +243,16 @@ def _read_file(path: Path, data: CaptureData) -> None:
                 elif kind == "stack":
                     data.samples.append(DECODERS[kind](d))  # type: ignore[arg-type]
                 elif kind == "quality":
-                    data.quality.append(DECODERS[kind](d))  # type: ignore[arg-type]
+                    record: QualityRecord = DECODERS[kind](d)  # type: ignore[assignment]
+                    data.quality.append(record)
+                    if record.kind == NOTE_CLOSED and open_writers.get(record.pid, 0) > 0:
+                        open_writers[record.pid] -= 1
                 else:
                     # A newer writer's event type: skip it, say so once.
                     unknown_types[str(kind)] = unknown_types.get(str(kind), 0) + 1
             except JSONDecodeError as exc:
                 if not line.strip():
+                    lineno += skip_blank_lines(stream)
                     continue
                 if not seen_header:
                     raise InputError(_not_a_capture(path, line)) from None
@@ -267,6 +279,49 @@ def _read_file(path: Path, data: CaptureData) -> None:
         data.warnings.append(f"{path}: skipped {valueless_gauges} gauge reading(s) without a value (NaN or infinity)")
     for kind, count in sorted(unknown_types.items()):
         data.warnings.append(f"{path}: skipped {count} event(s) of unknown type {kind!r} (written by a newer latprof?)")
+    data.unclosed.extend((str(path), pid) for pid, count in open_writers.items() if count > 0)
+
+
+def _unclosed_warnings(data: CaptureData) -> list[str]:
+    """One warning per process whose capture ended without its `closed` record: it was killed
+    (SIGKILL, the OOM killer), crashed, left through `os._exit`, or could not write its end;
+    what it recorded in its writer's last second or so is lost. Says up to when it was read."""
+    from datetime import datetime, timezone
+
+    pids = {pid for _, pid in data.unclosed}
+    last: dict[int, int] = {}
+    requests: dict[int, int] = {}
+
+    def see(pid: int, ns: int) -> None:
+        if pid in pids and ns > last.get(pid, 0):
+            last[pid] = ns
+
+    for request in data.requests:
+        if request.pid in pids:
+            requests[request.pid] = requests.get(request.pid, 0) + 1
+            see(request.pid, request.end_ns)
+    for segments in data.segments_by_request.values():
+        for segment in segments:
+            see(segment.pid, segment.end_ns)
+    for gauge in data.gauges:
+        see(gauge.pid, gauge.ts_ns)
+    for sample in data.samples:
+        see(sample.pid, sample.ts_ns)
+    for record in data.quality:
+        see(record.pid, record.ts_ns)
+    warnings = []
+    for path, pid in data.unclosed:
+        if pid in last:
+            at = datetime.fromtimestamp(last[pid] / 1e9, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            read = f"its events up to {at} UTC were read ({requests.get(pid, 0)} requests)"
+        else:
+            read = "none of its events were read"
+        warnings.append(
+            f"{path}: pid {pid}: capture ended abruptly, without the writer's closing record (the process was killed"
+            f" - SIGKILL, the OOM killer -, crashed, or its last writes failed); {read}; what it recorded after that"
+            " is lost"
+        )
+    return warnings
 
 
 def _not_a_capture(path: Path, first_line: bytes) -> str:

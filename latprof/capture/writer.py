@@ -5,11 +5,16 @@ event to a bounded in-memory buffer: no encoding, no I/O, no lock on the fast pa
 exception. A daemon thread flushes the buffer every `flush_interval_s`: it encodes the events
 there and writes each batch of whole lines with one `write()` under an exclusive `flock`, so
 several processes (forked workers, unrelated services) append to one file without tearing
-lines. Each process writes its own header first; dropped events and the writer's own errors
-go into the capture as quality records. After `fork()` the child starts afresh (own file
-description, header, buffer, thread and counters); at exit the writer flushes, and
-`install_flush_on_signals` flushes on SIGTERM/SIGINT before the signal does what it would
-have done anyway.
+lines; a batch whose write fails (disk full, file size limit) is cut off the file again, so it
+never leaves a torn line before later batches. Each process writes its own header first
+(promising a closing record: `closes`); dropped events and the writer's own errors go into the
+capture as quality records, and a clean close ends the process's part with a `closed` record
+holding its totals, so a reader can tell a process that was killed from one that finished.
+With `status_dir`, close() also leaves those totals in a small file there, for `latprof run`
+to read when the capture itself could not be written. After `fork()` the child starts afresh
+(own file description, header, buffer, thread and counters); at exit the writer flushes and
+closes, and `install_flush_on_signals` flushes on SIGTERM/SIGINT before the signal does what
+it would have done anyway (closing first when the signal ends the process).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import collections
 import fcntl
 import os
 import signal
+import stat
 import threading
 import time
 import weakref
@@ -29,7 +35,7 @@ import orjson
 
 from latprof.capture import format as wire
 from latprof.events import Event, QualityRecord
-from latprof.semconv import LAST_ERROR, NOTE_DROPPED, NOTE_ERROR
+from latprof.semconv import LAST_ERROR, NOTE_CLOSED, NOTE_DROPPED, NOTE_ERROR
 
 #: Name of the background flush thread (what py-spy and `threading.enumerate()` show).
 THREAD_NAME = "latprof-capture-writer"
@@ -39,6 +45,9 @@ LAST_ERROR_ATTR = LAST_ERROR
 
 # How long close() waits for the flush thread to finish a batch it is writing.
 _JOIN_TIMEOUT_S = 2.0
+# How long a flush from outside the flush thread (close() at exit, a signal handler) waits for a
+# flush that is stuck (a hung file system): it gives up rather than hang the service.
+_LOCK_TIMEOUT_S = 2.0
 _MAX_ERROR_TEXT = 300
 
 _SignalHandler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
@@ -70,6 +79,7 @@ class CaptureWriter:
         flush_interval_s: float = 1.0,
         max_buffered_events: int = 100_000,
         header_extra: dict[str, Any] | None = None,
+        status_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if not flush_interval_s > 0:
             raise ValueError(f"flush_interval_s must be > 0, got {flush_interval_s!r}")
@@ -80,6 +90,8 @@ class CaptureWriter:
         self.flush_interval_s = float(flush_interval_s)
         self.max_buffered_events = int(max_buffered_events)
         self._header_extra = dict(header_extra or {})
+        #: Where close() leaves this process's totals as `<pid>.json` (None: nowhere).
+        self.status_dir = None if status_dir is None else os.fspath(status_dir)
         self._closed = False  # no more events accepted
         self._fd = -1
         self._fd_done = False  # the file was closed for good: never reopen it
@@ -105,6 +117,8 @@ class CaptureWriter:
         self._deferred: list[Callable[[], None]] = []  # signal chains waiting for a flush to end
         self._dropped = 0
         self._lost_in_writes = 0  # events of batches whose write failed (guarded by `_io_lock`)
+        self._written = 0  # events written (guarded by `_io_lock`)
+        self._closed_written = False  # the `closed` record is in the file
         self._dropped_reported = 0
         self._io_errors = 0
         self._other_errors = 0
@@ -135,9 +149,26 @@ class CaptureWriter:
         return self._dropped + self._lost_in_writes
 
     @property
+    def written(self) -> int:
+        """Events written to the capture since start (or fork)."""
+        return self._written
+
+    @property
+    def closed_cleanly(self) -> bool:
+        """close() wrote this process's `closed` record (with its totals) to the capture."""
+        return self._closed_written
+
+    @property
     def errors(self) -> int:
         """The writer's own errors swallowed: events that could not be encoded, failed writes."""
         return self._io_errors + self._other_errors
+
+    @property
+    def flush_thread_ident(self) -> int | None:
+        """The `ident` of the flush thread while it runs (None before it started and after it ended):
+        its CPU clock (`time.pthread_getcpuclockid`) is what writing the capture costs the process."""
+        thread = self._thread
+        return thread.ident if thread is not None and thread.is_alive() else None
 
     def flush(self) -> None:
         """Write everything buffered now, as one batch; never raises."""
@@ -156,18 +187,21 @@ class CaptureWriter:
             thread = self._thread
             if thread is not None and thread is not threading.current_thread() and thread.is_alive():
                 thread.join(_JOIN_TIMEOUT_S)
-            self._flush(final=True)
-            # Events appended by emitters that checked `_closed` just before it was set.
-            stranded = 0
-            while self._buffer:
-                try:
-                    self._buffer.popleft()
-                except IndexError:
-                    break
-                stranded += 1
-            if stranded:
-                with self._count_lock:
-                    self._dropped += stranded
+            try:
+                self._flush(final=True)
+            finally:
+                # Events appended by emitters that checked `_closed` just before it was set.
+                stranded = 0
+                while self._buffer:
+                    try:
+                        self._buffer.popleft()
+                    except IndexError:
+                        break
+                    stranded += 1
+                if stranded:
+                    with self._count_lock:
+                        self._dropped += stranded
+                self._write_status()
         except Exception as exc:
             self._count_error(exc)
 
@@ -196,7 +230,12 @@ class CaptureWriter:
 
     def _flush(self, final: bool = False) -> None:
         """Write what is buffered; with `final`, then close the file for good."""
-        with self._io_lock:
+        lock = self._io_lock
+        # The flush thread waits for the file as long as it takes (emit never waits for it);
+        # close() at exit and signal handlers give up on a stuck flush rather than hang.
+        if not lock.acquire(timeout=-1 if threading.current_thread() is self._thread else _LOCK_TIMEOUT_S):
+            raise TimeoutError(f"a flush of {self.path} has been stuck for over {_LOCK_TIMEOUT_S:g} s")
+        try:
             if self._flushing:
                 # Re-entered from a signal handler on this thread: the flush it interrupted
                 # writes everything (and closes, if asked) when it resumes.
@@ -206,19 +245,24 @@ class CaptureWriter:
             try:
                 self._write_pending()
                 if final or self._close_requested:
-                    self._write_pending()  # what arrived while a flush close() interrupted wrote
+                    # What arrived while a flush close() interrupted wrote, and the closing record.
+                    self._write_pending(closing=True)
                     self._close_file()
             finally:
                 self._flushing = False
+        finally:
+            lock.release()
         self._run_deferred()
 
-    def _write_pending(self) -> None:
-        """Encode what is buffered and write it as one batch (caller holds `_io_lock`)."""
+    def _write_pending(self, closing: bool = False) -> None:
+        """Encode what is buffered and write it as one batch (caller holds `_io_lock`); `closing`
+        ends it with the `closed` record, when this process has written anything."""
         buffer = self._buffer
-        if self._fd_done or (
-            not buffer and self.dropped == self._dropped_reported and self.errors == self._errors_reported
-        ):
+        if self._fd_done:
             return
+        if not buffer and self.dropped == self._dropped_reported and self.errors == self._errors_reported:
+            if not (closing and self._header_written):
+                return
         # One growing buffer: much faster than joining a list of small lines (3.5x measured).
         out = bytearray() if self._header_written else bytearray(self._header_line())
         n_events = 0
@@ -236,22 +280,33 @@ class CaptureWriter:
         dropped, errors = self.dropped, self.errors
         for line in self._quality_lines(dropped - self._dropped_reported, errors - self._errors_reported):
             out += line
+        if closing:
+            out += self._closed_line(self._written + n_events, dropped, errors)
         try:
             self._write(out)
         except Exception as exc:
             self._io_error(exc)
             self._lost_in_writes += n_events  # the quality lines are retried with the next batch
             return
+        self._written += n_events
         self._header_written = True
         self._dropped_reported, self._errors_reported = dropped, errors
+        self._closed_written |= closing
 
     def _header_line(self) -> bytes:
+        closes = {wire.HEADER_CLOSES: True}
         try:
-            header = wire.make_header(self.source, **self._header_extra)
+            header = wire.make_header(self.source, **{**closes, **self._header_extra})
             return orjson.dumps(header, option=orjson.OPT_APPEND_NEWLINE)
         except Exception as exc:  # header_extra that JSON cannot hold: keep the standard fields
             self._io_error(exc)
-            return orjson.dumps(wire.make_header(self.source), option=orjson.OPT_APPEND_NEWLINE)
+            return orjson.dumps(wire.make_header(self.source, **closes), option=orjson.OPT_APPEND_NEWLINE)
+
+    def _closed_line(self, events: int, dropped: int, errors: int) -> bytes:
+        message = f"capture writer closed: {events} events written, {dropped} lost, {errors} errors"
+        note = QualityRecord(NOTE_CLOSED, time.time_ns(), os.getpid(), message, 1,
+                             {"events": events, "dropped": dropped, "errors": errors})  # fmt: skip
+        return orjson.dumps(wire.encode(note), option=orjson.OPT_APPEND_NEWLINE)
 
     def _quality_lines(self, dropped: int, errors: int) -> list[bytes]:
         now, pid = time.time_ns(), os.getpid()
@@ -275,7 +330,17 @@ class CaptureWriter:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                _write_all(fd, data)
+                st = os.fstat(fd)
+                start = st.st_size if stat.S_ISREG(st.st_mode) else -1
+                try:
+                    _write_all(fd, data)
+                except OSError:
+                    if start >= 0:  # cut off what part of the batch got in: no torn line before the next one
+                        try:
+                            os.ftruncate(fd, start)
+                        except OSError:
+                            pass
+                    raise
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError:
@@ -292,8 +357,9 @@ class CaptureWriter:
             parent = os.path.dirname(self.path)
             if parent:
                 os.makedirs(parent, exist_ok=True)
-            # Python makes it close-on-exec: exec'd children do not inherit it.
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            # Python makes it close-on-exec: exec'd children do not inherit it. Non-blocking: a
+            # FIFO nobody reads fails at once (ENXIO) instead of blocking the flush for ever.
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
         return self._fd
 
     def _close_file(self) -> None:
@@ -301,6 +367,30 @@ class CaptureWriter:
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
+
+    def _write_status(self) -> None:
+        """Leave this process's totals in `status_dir/<pid>.json` (whole, or not at all)."""
+        if not self.status_dir:
+            return
+        try:
+            status = {
+                "pid": os.getpid(),
+                "capture": self.path,
+                "events": self._written,
+                "dropped": self.dropped,
+                "errors": self.errors,
+                "last_error": self._last_error,
+                "closed": self._closed_written,
+            }
+            final = os.path.join(self.status_dir, f"{os.getpid()}.json")
+            fd = os.open(final + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o644)
+            try:
+                _write_all(fd, orjson.dumps(status))
+            finally:
+                os.close(fd)
+            os.replace(final + ".tmp", final)
+        except Exception as exc:
+            self._count_error(exc)
 
     # --- errors, signals, fork ----------------------------------------------------------------
 
@@ -323,17 +413,24 @@ class CaptureWriter:
         When the signal interrupted a flush on this very thread, that flush cannot be
         finished from here, so the chain waits until it has ended (see `_run_deferred`).
         """
-        nested = False
+        nested = stuck = False
         try:
-            with self._io_lock:
-                nested = self._flushing
-                if nested:
-                    self._deferred.append(chain)
+            if self._io_lock.acquire(timeout=_LOCK_TIMEOUT_S):
+                try:
+                    nested = self._flushing
+                    if nested:
+                        self._deferred.append(chain)
+                finally:
+                    self._io_lock.release()
+            else:  # another thread's flush is stuck: do what the signal does without flushing
+                stuck = True
+                self._count_error(TimeoutError(f"a flush of {self.path} has been stuck for over {_LOCK_TIMEOUT_S:g} s"))
         except Exception as exc:
             self._count_error(exc)
         if nested:
             return
-        self.flush()
+        if not stuck:
+            self.flush()
         chain()
 
     def _run_deferred(self) -> None:
@@ -383,6 +480,7 @@ def install_flush_on_signals(writer: CaptureWriter, signals: Iterable[int] = (si
 def _chaining_handler(writer: CaptureWriter, previous: _SignalHandler) -> Callable[[int, FrameType | None], None]:
     def chain(signum: int, frame: FrameType | None) -> None:
         if previous == signal.SIG_DFL:
+            writer.close()  # the process ends here, without atexit: its part of the capture is done
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         elif callable(previous):

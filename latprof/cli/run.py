@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,7 +80,15 @@ def run(
     process it starts loads the hooks (no code change); signals sent to latprof go on to it;
     latprof exits with the command's exit code.
     """
-    from latprof.collectors.hooks.launcher import describe_hooks, processes_with_hooks, run_with_hooks, select_hooks
+    from latprof.collectors.hooks.launcher import (
+        check_capture_path,
+        describe_hooks,
+        losses,
+        processes_with_hooks,
+        run_with_hooks,
+        select_hooks,
+        writer_statuses,
+    )
 
     if list_hooks:
         for name, summary in describe_hooks():
@@ -89,8 +99,16 @@ def run(
     wanted = select_hooks(hooks, disable)
     judging = Judging(config_path, given_warmup(ctx, warmup_s))  # a bad config stops here, before the service starts
     capture = out or Path(time.strftime("latprof-%Y%m%d-%H%M%S.jsonl"))
-    code = run_with_hooks(cmd, capture, hooks=",".join(wanted), max_rate=max_rate)
-    if not processes_with_hooks(capture):
+    check_capture_path(capture)  # an unwritable --out stops here, before the service starts
+    # Each process's writer leaves its totals here on close: what it could not write is known
+    # even when the capture is what failed (a full disk).
+    with tempfile.TemporaryDirectory(prefix="latprof-run-") as status_dir:
+        code = run_with_hooks(cmd, capture, hooks=",".join(wanted), max_rate=max_rate, status_dir=Path(status_dir))
+        statuses = writer_statuses(Path(status_dir))
+    lost = losses(statuses, capture)
+    for line in lost:
+        click.echo(f"latprof: {line}", err=True)
+    if not processes_with_hooks(capture) and not statuses:
         raise CollectorError(
             f"no process of `{' '.join(cmd)}` loaded latprof's hooks (it exited with {code}): latprof must be"
             " importable by the command's Python - install latprof into the service's environment"
@@ -105,6 +123,10 @@ def run(
         click.echo(f"latprof: capture written to {capture}", err=True)
         click.echo(f"latprof: no report: {exc}", err=True)
     else:
-        print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture))
+        report = diagnosis.report
+        if lost:
+            collection = {**report.collection, "warnings": [*report.collection.get("warnings", ()), *lost]}
+            report = dataclasses.replace(report, collection=collection)
+        print_capture_report(report, fmt, output, capture, again=judging.command(capture))
         KEEP_UNTIL_EXIT.append(diagnosis)
     ctx.exit(code)

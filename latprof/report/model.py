@@ -12,7 +12,7 @@ from latprof.analysis.timeline import Timeline
 from latprof.engine import Finding
 from latprof.layers import LAYERS
 from latprof.report.verdict import Verdict, decide_verdict
-from latprof.semconv import NOTE_INJECTED, NOTE_OVERHEAD
+from latprof.semconv import NOTE_INJECTED, NOTE_OVERHEAD, OVERHEAD_SOURCE, OVERHEAD_SOURCE_HOOKS
 
 SCHEMA = "latprof.report/1"
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,9 @@ class Report:
     #: Each request explained (`latprof.analysis.explain`) when there are too few for a tail
     #: verdict or one trace was picked; None otherwise (the key is then left out).
     requests: list[Explanation] | None = None
+    #: `collection.overhead` by whose cost it is (`overhead_parts`: "hooks", "sampler"), for the
+    #: text report to tell them apart; not in the JSON, whose `overhead` is their sum.
+    overhead_parts: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The report-v1 JSON shape."""
@@ -117,18 +120,61 @@ def _row(s: LayerStats) -> LayerRow:
     )
 
 
-def overhead_of(timeline: Timeline) -> dict[str, float | None]:
-    """What collection cost, as collectors measured it (`overhead` records: the last per process,
-    averaged): report-v1's `collection.overhead`."""
-    last: dict[int, dict[str, Any]] = {}
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def overhead_parts(timeline: Timeline) -> dict[str, dict[str, float | None]]:
+    """What collection cost, by whose cost it is, from the `overhead` records (the latest of each
+    process and source): "hooks" (in-process hooks, `latprof run` or `attach --inject`) and
+    "sampler" (`latprof attach`'s own process). Only the sources that wrote records.
+
+    `cpu_percent` is a percentage of one CPU core. The hooks': the sum over the service's
+    processes (each process's hooks use CPU of their own). The sampler's: the mean of its
+    records (one per attach session). `added_ms_per_request`: the hooks' time per recorded
+    request, weighted by each process's recorded requests; the sampler adds none it measures.
+    """
+    last: dict[tuple[str, int], dict[str, Any]] = {}
     for record in timeline.quality:
         if record.kind == NOTE_OVERHEAD:
-            last[record.pid] = dict(record.attrs)
+            source = "hooks" if record.attrs.get(OVERHEAD_SOURCE) == OVERHEAD_SOURCE_HOOKS else "sampler"
+            last[(source, record.pid)] = dict(record.attrs)
+    parts: dict[str, dict[str, float | None]] = {}
+    for source in ("hooks", "sampler"):
+        records = [attrs for (s, _), attrs in last.items() if s == source]
+        if not records:
+            continue
+        cpu = [c for c in (_number(r.get("cpu_percent")) for r in records) if c is not None]
+        part: dict[str, float | None] = {"cpu_percent": None, "added_ms_per_request": None}
+        if cpu:
+            part["cpu_percent"] = round(sum(cpu) if source == "hooks" else sum(cpu) / len(cpu), 3)
+        added = [(a, _number(r.get("recorded_requests"))) for r in records
+                 if (a := _number(r.get("added_ms_per_request"))) is not None]  # fmt: skip
+        if added:
+            weights = [w if w is not None and w > 0 else 0.0 for _, w in added]
+            if sum(weights) > 0:
+                part["added_ms_per_request"] = round(sum(a * w for (a, _), w in zip(added, weights)) / sum(weights), 4)
+            else:
+                part["added_ms_per_request"] = round(sum(a for a, _ in added) / len(added), 4)
+        parts[source] = part
+    return parts
+
+
+def overhead_of(timeline: Timeline, parts: dict[str, dict[str, float | None]] | None = None) -> dict[str, float | None]:
+    """What collection cost, as collectors measured it: report-v1's `collection.overhead`.
+
+    `cpu_percent`: percent of one CPU core, the sum of the sources' (`overhead_parts`): the
+    in-process hooks' over the service's processes, plus the attach sampler's own process.
+    `added_ms_per_request`: the hooks' time per recorded request. Null where nothing measured it.
+    """
+    parts = overhead_parts(timeline) if parts is None else parts
     out: dict[str, float | None] = {"cpu_percent": None, "added_ms_per_request": None}
-    for key in out:
-        values = [float(v[key]) for v in last.values() if isinstance(v.get(key), (int, float))]
-        if values:
-            out[key] = round(sum(values) / len(values), 3)
+    cpu = [c for part in parts.values() if (c := part.get("cpu_percent")) is not None]
+    if cpu:
+        out["cpu_percent"] = round(sum(cpu), 3)
+    hooks = parts.get("hooks")
+    if hooks is not None:
+        out["added_ms_per_request"] = hooks.get("added_ms_per_request")
     return out
 
 
@@ -162,6 +208,7 @@ def build_report(analysis: Analysis, findings: Sequence[Finding], explained: lis
         "requests": analysis.represented,
     }
     latency = None if lat is None else lat.to_dict()
+    parts = overhead_parts(timeline)
     collection: dict[str, Any] = {
         "collectors": timeline.collectors,
         "coverage": None if analysis.coverage is None else round(analysis.coverage, 4),
@@ -169,7 +216,7 @@ def build_report(analysis: Analysis, findings: Sequence[Finding], explained: lis
         "warmup_requests_skipped": analysis.warmup_skipped,
         # Requests recorded (a random sample of `window.requests` above `latprof run --max-rate`).
         "recorded_requests": len(requests),
-        "overhead": overhead_of(analysis.timeline),
+        "overhead": overhead_of(analysis.timeline, parts),
         "warnings": list(analysis.warnings) + [f.summary for f in findings if f.crashed],
     }
     injected = injected_processes(timeline)
@@ -198,4 +245,5 @@ def build_report(analysis: Analysis, findings: Sequence[Finding], explained: lis
         ],
         window_s=size,
         requests=explained,
+        overhead_parts=parts,
     )

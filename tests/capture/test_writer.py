@@ -21,7 +21,7 @@ import pytest
 from latprof.capture.format import SCHEMA, decode
 from latprof.capture.writer import THREAD_NAME, CaptureWriter, install_flush_on_signals
 from latprof.events import Event, Frame, Gauge, QualityRecord, Request, Segment, StackSample
-from latprof.semconv import NOTE_DROPPED, NOTE_ERROR
+from latprof.semconv import NOTE_CLOSED, NOTE_DROPPED, NOTE_ERROR
 
 #: Upper bound of every wait in this file; a passing run waits far less.
 DEADLINE_S = 10.0
@@ -40,7 +40,7 @@ def read_capture(path: Path) -> tuple[list[dict[str, Any]], list[Event]]:
         line = orjson.loads(raw)
         if line["type"] == "header":
             headers.append(line)
-        else:
+        elif line.get("kind") != NOTE_CLOSED:  # the closing record has tests of its own
             events.append(decode(line))
     return headers, events
 
@@ -474,6 +474,7 @@ def check_many_writers(path: Path, expected_ids: set[str]) -> None:
     expected_pids = {int(rid.split("-")[0]) for rid in expected_ids}
 
     header_at: dict[int, int] = {}
+    closed_at: dict[int, int] = {}
     seen: list[str] = []
     for index, line in enumerate(lines):
         if line["type"] == "header":
@@ -481,11 +482,17 @@ def check_many_writers(path: Path, expected_ids: set[str]) -> None:
             header_at[line["pid"]] = index
             continue
         event = decode(line)
+        if isinstance(event, QualityRecord) and event.kind == NOTE_CLOSED:  # each process's last line, with its total
+            assert event.pid not in closed_at, f"second closing record for pid {event.pid}"
+            closed_at[event.pid] = index
+            assert event.attrs["events"] == sum(1 for rid in seen if int(rid.split("-")[0]) == event.pid)
+            continue
         assert isinstance(event, Segment), event
         assert event.pid == int(event.request_id.split("-")[0])
         assert header_at.get(event.pid, index) < index, f"event of pid {event.pid} before its header"
+        assert event.pid not in closed_at, f"event of pid {event.pid} after its closing record"
         seen.append(event.request_id)
-    assert set(header_at) == expected_pids
+    assert set(header_at) == set(closed_at) == expected_pids
     assert len(seen) == len(expected_ids) and set(seen) == expected_ids
 
 

@@ -247,16 +247,59 @@ def _collection(report: Report) -> Text:
         parts.append(f"coverage {c['coverage']:.0%}")
     if c.get("warmup_requests_skipped"):
         parts.append(f"{c['warmup_requests_skipped']} warm-up requests skipped")
-    overhead = c.get("overhead") or {}
-    if overhead.get("cpu_percent") is not None:
-        parts.append(f"overhead {overhead['cpu_percent']:g}% CPU")
     text = Text("What latprof could see: ", style="bold")
     text.append(" · ".join(parts))
+    cost = _cost(report)
+    if cost:
+        text.append(f"\n  {cost}")
     for process in c.get("injected") or []:
         text.append("\n  " + _injected(process))
     for warning in c.get("warnings") or []:
         text.append(f"\n  warning: {warning}", style="yellow")
     return text
+
+
+def _cost(report: Report) -> str:
+    """What latprof cost, as measured (`collection.overhead`, told apart by source where the report
+    has `overhead_parts`): "latprof cost the service about 1.8% of a CPU core, +0.04 ms per recorded
+    request"; in attach mode the sampler's process and the injected hooks each; "" when unknown."""
+    total = report.collection.get("overhead") or {}
+    parts = report.overhead_parts
+    hooks, sampler = parts.get("hooks") or {}, parts.get("sampler") or {}
+    if not parts:  # a report without the parts (read back from JSON, or built without them): the total
+        if total.get("cpu_percent") is None and total.get("added_ms_per_request") is None:
+            return ""
+        if report.source.get("kind") != "attach":
+            hooks = total
+        elif total.get("added_ms_per_request") is None:
+            sampler = total
+        else:  # the sampler and injected hooks, not told apart
+            return (f"latprof cost about {_percent(total.get('cpu_percent'))} of a CPU core (its sampler and the injected"
+                    f" hooks together), the hooks +{_cost_ms(total.get('added_ms_per_request'))} per recorded request")  # fmt: skip
+    said = []
+    if sampler.get("cpu_percent") is not None:
+        said.append(f"latprof's sampler used about {_percent(sampler['cpu_percent'])} of a CPU core in its own process")
+    if hooks:
+        who = "the injected hooks cost the service" if sampler or report.source.get("kind") == "attach" else "latprof cost the service"
+        cost = f"{who} about {_percent(hooks.get('cpu_percent'))} of a CPU core"
+        if hooks.get("added_ms_per_request") is not None:
+            cost += f", +{_cost_ms(hooks['added_ms_per_request'])} per recorded request"
+        said.append(cost)
+    return "; ".join(said)
+
+
+def _percent(value: Any) -> str:
+    """Two significant digits, no exponent: "1.8%", "0.04%", "<0.01%", "12%"."""
+    if value is None:
+        return "?%"
+    return "<0.01%" if value < 0.01 else f"{value:.2g}%" if value < 10 else f"{value:.0f}%"
+
+
+def _cost_ms(value: Any) -> str:
+    """Two significant digits, no exponent: "0.012 ms", "<0.001 ms", "3.4 ms"."""
+    if value is None:
+        return "? ms"
+    return "<0.001 ms" if value < 0.001 else f"{value:.2g} ms" if value < 10 else f"{value:.0f} ms"
 
 
 def _injected(process: dict[str, Any]) -> str:
