@@ -17,7 +17,9 @@ clock work unchanged. (A statement that a `DialectEvents.do_execute` listener ru
 returning True, bypasses these methods and is not timed.)
 
 - a `db.pool` segment "sqlalchemy checkout" for each checkout, from entering `_do_get` to
-  leaving it. When the pool opened a new connection inside the checkout (overflow allowed,
+  leaving it, or to the end of reopening the connection it returned when that one was
+  invalidated or recycled (`_ConnectionRecord.checkout`, after `_do_get`), with `error.type`
+  when the checkout failed (a pre-ping, later still, is not part of it). When the pool opened a new connection inside the checkout (overflow allowed,
   `NullPool`), that time stays in the segment, as in OpenTelemetry's
   `db.client.connection.wait_time`, and the attribute `latprof.db.connect_ms` says how much of
   it was opening the connection (so a rule can tell a slow connect from an exhausted pool);
@@ -152,11 +154,16 @@ def _apply(sqlalchemy_module: types.ModuleType) -> None:
     from sqlalchemy.engine import Engine
     from sqlalchemy.engine.default import DefaultDialect
     from sqlalchemy.pool import Pool, impl
+    from sqlalchemy.pool import base as pool_base
 
     replace = scaffold.replace
     for cls in [getattr(impl, name) for name in dir(impl)]:
         if isinstance(cls, type) and issubclass(cls, Pool) and "_do_get" in cls.__dict__:
             replace(cls, "_do_get", _wrap_do_get(cls.__dict__["_do_get"]))
+    # (reopening an invalidated or recycled connection happens after _do_get)
+    record = getattr(pool_base, "_ConnectionRecord", None)
+    if record is not None and isinstance(record.__dict__.get("checkout"), classmethod):
+        replace(record, "checkout", _wrap_record_checkout(record.__dict__["checkout"]))
     if "_return_conn" in Pool.__dict__:
         replace(Pool, "_return_conn", _wrap_return_conn(Pool.__dict__["_return_conn"]))
     replace(Engine, "__init__", _wrap_engine_init(Engine.__dict__["__init__"]))
@@ -308,11 +315,28 @@ def _wrap_dispose(original: Callable[..., Any]) -> Callable[..., Any]:
 # --- checkout wait ----------------------------------------------------------------------------
 
 
-def _wrap_do_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def _wrap_record_checkout(original: Any) -> Any:
+    """`_ConnectionRecord.checkout(pool)`, a classmethod: `_do_get`, then reopening the record's
+    connection when it was invalidated (after an error: the database went away) or recycled,
+    outside `_do_get`. The checkout segment covers both, their time and their errors (a
+    database that is still away fails in the reopening); `_do_get` inside only passes through."""
+    func = original.__func__
+    timed = _wrap_do_get(lambda pool, cls: func(cls, pool))
+
+    @functools.wraps(func)
+    def checkout(cls: Any, pool: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:  # a signature of another release: untimed
+            return func(cls, pool, *args, **kwargs)
+        return timed(pool, cls)
+
+    return classmethod(checkout)
+
+
+def _wrap_do_get(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def _do_get(self: Any) -> Any:
+    def _do_get(self: Any, *args: Any) -> Any:
         if _checkout_get() is not None:  # QueuePool._do_get calling itself, or a subclass its base
-            return original(self)
+            return original(self, *args)
         try:
             state = self.__dict__.get(_STATE_ATTR) or _pool_state(self)
             start = _now()
@@ -323,11 +347,11 @@ def _wrap_do_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
             state.waiting.append(None)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
-            return original(self)
+            return original(self, *args)
         request = _current_request()
         error: BaseException | None = None
         try:
-            return original(self)
+            return original(self, *args)
         except BaseException as exc:
             error = exc
             raise
@@ -541,10 +565,12 @@ def _end_statement(
 
 # A statement's tokens, in the order the alternatives are tried: what is skipped (space,
 # comments), literals (never read), quoted identifiers, words, numbers, single characters.
+# PostgreSQL's E'...' strings end at a quote that no backslash escapes: read as a plain string,
+# E'\' FROM secret' would end early and let the literal's words be taken for a table.
 _TOKENS = re.compile(
     r"""
     (?P<skip>\s+|--[^\n]*|/\*.*?(?:\*/|\Z))
-    |(?P<literal>'(?:[^']|'')*'?|\$(?P<tag>[A-Za-z_]\w*|)\$.*?(?:\$(?P=tag)\$|\Z))
+    |(?P<literal>[Ee]'(?:[^'\\]|\\.|'')*'?|'(?:[^']|'')*'?|\$(?P<tag>[A-Za-z_]\w*|)\$.*?(?:\$(?P=tag)\$|\Z))
     |(?P<quoted>"(?:[^"]|"")*"?|`[^`]*`?|\[[^\]]*\]?)
     |(?P<word>[A-Za-z_][\w$]*)
     |(?P<number>\d[\w.]*)

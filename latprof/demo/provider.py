@@ -4,7 +4,8 @@ Tests and `latprof demo` point the official `openai` client at it to create ever
 LLM-side latency fault decisively: a TTFT floor, a prefill cost per 1k input tokens, random
 provider-side queueing spikes, a time per output token, the number of output tokens (and a
 share of long answers among short ones), a concurrency limit that queues requests, and 429s
-(with `retry-after-ms`) for the first attempts of each request.
+(with `retry-after-ms`) for the first attempts of each request, and a connection reset
+mid-stream (`reset_after_events`).
 
 Endpoints (HTTP/1.1 with keep-alive, bound to 127.0.0.1 only):
 
@@ -48,6 +49,8 @@ import dataclasses
 import json
 import math
 import random
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -96,6 +99,9 @@ class ProviderConfig:
     #: Answer with a tool call: "auto" (when the request has tools and the last message is not a
     #: tool result), "always" (when it has tools) or "never".
     tool_calls: str = "auto"
+    #: Reset the TCP connection (RST) in place of the Nth event of a streamed answer, after
+    #: sending the N - 1 before it (0: never): a provider or proxy dropping a stream mid-way.
+    reset_after_events: int = 0
     #: The model answered with when the request names none.
     model: str = "latprof-demo-1"
     seed: int = 0
@@ -109,7 +115,7 @@ class ProviderConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
                 raise ValueError(f"{name} must be within [0, 1], not {value!r}")
-        for name in ("output_tokens", "long_output_tokens", "fail_first", "retry_after_ms", "max_concurrency"):
+        for name in ("output_tokens", "long_output_tokens", "fail_first", "retry_after_ms", "max_concurrency", "reset_after_events"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
@@ -280,7 +286,7 @@ class _ProviderServer:
         self._attempts_by_key: dict[str, int] = {}
         self._anonymous_attempts = 0
         self._limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
-        self.stats = {"attempts": 0, "rate_limited": 0, "answered": 0, "streamed": 0, "disconnected": 0}
+        self.stats = {"attempts": 0, "rate_limited": 0, "answered": 0, "streamed": 0, "disconnected": 0, "reset": 0}
         self.tasks: set[asyncio.Task[Any]] = set()
 
     def _next_id(self) -> int:
@@ -417,9 +423,13 @@ class _ProviderServer:
         writer.write(_head(200, headers, request.keep_alive))
         events = self._chat_events(answer, number, payload, config) if kind == "chat" else self._response_events(answer, number)
         first_token_at = start + answer.ttft_s
-        for offset_tokens, data in events:
+        for index, (offset_tokens, data) in enumerate(events):
             if offset_tokens is not None:
                 await _sleep_until(loop, first_token_at + offset_tokens * answer.tpot_s)
+            if config.reset_after_events and index + 1 >= config.reset_after_events:  # at the Nth event's time
+                _reset(writer)
+                self.stats["reset"] += 1
+                return False
             writer.write(_chunk(data))
             await writer.drain()
         writer.write(b"0\r\n\r\n")
@@ -542,6 +552,14 @@ class _ProviderServer:
         kind = "requests" if status == 429 else "invalid_request_error"
         body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         return await self._json(writer, status, body, keep_alive, headers)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Drop the connection with a TCP reset (SO_LINGER 0, then abort), as a crashed peer or a proxy does."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
@@ -689,6 +707,7 @@ _HELP = {
     "max_concurrency": "at most this many calls in prefill or decode at once, the others queue (0: unlimited)",
     "role_chunk_first": "send the role-only chunk right after the headers",
     "tool_calls": "answer with a tool call: auto, always or never",
+    "reset_after_events": "reset the connection in place of the Nth event of a streamed answer (0: never)",
     "model": "the model answered with when the request names none",
     "seed": "seed of the text, the spikes and the long answers",
 }
