@@ -105,8 +105,8 @@ def ttft_known(streamed: bool, first_ns: int | None, ran_to_its_end: bool) -> bo
     return streamed and (first_ns is not None or ran_to_its_end)
 
 
-def usage_counts(usage: Any) -> tuple[Any, Any]:
-    """(input, output) tokens of a Chat (`prompt_tokens`) or Responses (`input_tokens`) usage, object or dict."""
+def usage_counts(usage: Any) -> tuple[int | None, int | None]:
+    """(input, output) tokens of a Chat (`prompt_tokens`) or Responses (`input_tokens`) usage, object or dict; None when not a count."""
     get = usage.get if isinstance(usage, dict) else functools.partial(getattr, usage)
     input_tokens = get("prompt_tokens", None)
     if input_tokens is None:
@@ -114,7 +114,17 @@ def usage_counts(usage: Any) -> tuple[Any, Any]:
     output_tokens = get("completion_tokens", None)
     if output_tokens is None:
         output_tokens = get("output_tokens", None)
-    return input_tokens, output_tokens
+    return _count(input_tokens), _count(output_tokens)
+
+
+def _count(value: Any) -> int | None:
+    """A token count as a whole number >= 0, else None: the answer's usage is written to the
+    capture, and an answer may carry anything there (a string would be written as it came)."""
+    if type(value) is int:
+        return value if value >= 0 else None
+    if type(value) is float and value.is_integer() and value >= 0:
+        return int(value)
+    return None
 
 
 def loads(content: bytes) -> Any:

@@ -5,27 +5,40 @@ bodies in protobuf (`application/x-protobuf`) or OTLP JSON (`application/json`),
 deflate. Each request is decoded by the trace readers (`collectors/traces/otlp_proto.py`,
 `collectors/traces/otlp_json.py`: same spans, same skip reasons) and its readable spans are appended
 to the output file at once, as one line of OTLP JSON in the shape the Collector's `file`
-exporter writes (hex ids), which `latprof analyze` reads. What is held in memory is one request
-at a time per decoding slot: a request over `max_request_bytes` (compressed, or once
-decompressed) is refused with 413, and spans past `max_spans` in all are refused in the
-response's partial success, as are spans that cannot be read.
+exporter writes (hex ids), which `latprof analyze` reads. A request over `max_request_bytes`
+(compressed, or once decompressed) is refused with 413, and spans past `max_spans` in all are
+refused in the response's partial success, as are spans that cannot be read.
+
+What a client can hold is bounded (`Limits`): connections (one thread each) are capped, and at
+the cap a new connection takes the place of the one waiting longest for a request, its headers
+or its body (none waiting: the new one gets a 503); a request's headers and its body each have
+a deadline, an idle connection is closed after a while, and headers are capped in size. Bodies
+are read in pieces as they arrive, outside the decoding slots (a slow client holds no slot): the
+first `small_body_bytes` of each at once, the bodies beyond that `large_bodies` at a time. Only
+requests read in full are decoded and written. Locks are taken in one order (a large body's
+slot, a decompressing slot, a decoding lane, the file's lock): no request waits on another
+that waits on it.
 
 Responses follow the OTLP/HTTP specification: 200 with an `ExportTraceServiceResponse` (its
 `partial_success` says how many spans were rejected and why) in the request's encoding; 400
 for a body that cannot be decoded, 404 for another path, 405 for another method, 413 and 415,
-503 while stopping, each with a `google.rpc.Status` body.
+503 while stopping or at the connection cap, each with a `google.rpc.Status` body.
 
 The file keeps what latprof reads of each span (ids, name, kind, times, attributes, events,
 links, status code, resource attributes, scope name): a trace state, a status message, a scope
-version or dropped-attribute counts are not written.
+version or dropped-attribute counts are not written, nor attributes that may hold a service's
+data (`_PRIVATE_KEYS`: prompts, completions, tool arguments and results, headers, SQL parameters,
+exception messages, the command line), and URLs are written without their query string.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import http.server
 import ipaddress
 import math
+import re
 import socket
 import socketserver
 import sys
@@ -39,8 +52,10 @@ from typing import IO, Any, Callable, Mapping, NamedTuple, Sequence
 import orjson
 
 from latprof.collectors.traces import otlp_json, otlp_proto
+from latprof.collectors.traces.genai_spans import CONTENT_KEYS
 from latprof.collectors.traces.spans import Span
 from latprof.errors import ConfigError, InputError
+from latprof.semconv import HTTP_REQUEST_HEADER_X_REQUEST_START, HTTP_REQUEST_HEADER_X_REQUEST_START_PY
 
 DEFAULT_LISTEN = "127.0.0.1:4318"
 TRACES_PATH = "/v1/traces"
@@ -48,10 +63,17 @@ TRACES_PATH = "/v1/traces"
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 #: Spans kept in all; beyond, requests are answered with a partial success rejecting the rest.
 DEFAULT_MAX_SPANS = 2_000_000
-#: Requests read and decoded at once; each holds up to twice `MAX_REQUEST_BYTES` and its decoded messages.
-DECODE_SLOTS = 4
-#: Seconds a connection may sit idle or send its body slowly before it is closed.
-CONNECTION_TIMEOUT_S = 60.0
+#: Compressed bodies decompressed and decoded at once (each holds up to `MAX_REQUEST_BYTES` decompressed).
+INFLATE_SLOTS = 4
+#: Requests decoded at once with up to `SMALL_DECODE_BYTES` (once decompressed): the usual exporter batches.
+SMALL_DECODE_SLOTS = 2
+SMALL_DECODE_BYTES = 1024 * 1024
+#: ... and larger ones, one at a time: a 16 MiB body of small spans decodes to some 300,000 spans (~250 MB, seconds of
+#: CPU); the small lane keeps the usual batches from waiting behind it.
+LARGE_DECODE_SLOTS = 1
+_PIECE = 64 * 1024
+#: gzip members in a body (exporters send one; each costs a decompressor).
+_MAX_GZIP_MEMBERS = 1000
 #: Seconds to let requests already being read finish once stopping.
 DRAIN_S = 5.0
 _PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
@@ -59,6 +81,26 @@ _JSON_TYPE = "application/json"
 #: gRPC codes in the `google.rpc.Status` of an error response (informational: OTLP/HTTP clients read the HTTP status).
 _RPC_CODES = {400: 3, 404: 5, 405: 12, 413: 3, 415: 3, 500: 13, 503: 14}
 _ERROR_EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client, or all of them, can make the receiver hold; the defaults are what `latprof receive` uses."""
+
+    #: Connections open at once (one thread each); at the cap the longest-waiting one not being answered is closed.
+    max_connections: int = 256
+    #: Seconds a kept-alive connection may wait for its next request.
+    idle_timeout_s: float = 60.0
+    #: Seconds from a request's first byte to the end of its headers.
+    header_timeout_s: float = 10.0
+    #: Bytes of a request's line and headers together (over: 431).
+    max_header_bytes: int = 64 * 1024
+    #: Seconds from the end of the headers to the end of the body (16 MiB at 280 KB/s).
+    body_timeout_s: float = 60.0
+    #: Bytes of each body read at once; a body larger than this waits for one of the `large_bodies` slots.
+    small_body_bytes: int = 256 * 1024
+    #: Bodies over `small_body_bytes` read (and answered) at once.
+    large_bodies: int = 4
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -153,8 +195,9 @@ class Receiver:
     """
 
     def __init__(self, host: str, port: int, out: str | Path, *, max_spans: int = DEFAULT_MAX_SPANS,
-                 max_request_bytes: int = MAX_REQUEST_BYTES) -> None:  # fmt: skip
+                 max_request_bytes: int = MAX_REQUEST_BYTES, limits: Limits = Limits()) -> None:  # fmt: skip
         self.host = host
+        self.limits = limits
         self.out = Path(out)
         self.max_spans = max_spans
         self.max_request_bytes = max_request_bytes
@@ -162,7 +205,10 @@ class Receiver:
         #: The error that stopped writing the file, if one did.
         self.write_error: str | None = None
         self._lock = threading.Condition()
-        self._slots = threading.BoundedSemaphore(DECODE_SLOTS)
+        self._large_bodies = threading.BoundedSemaphore(limits.large_bodies)
+        self._inflating = threading.BoundedSemaphore(INFLATE_SLOTS)
+        self._small_lane = threading.BoundedSemaphore(SMALL_DECODE_SLOTS)
+        self._large_lane = threading.BoundedSemaphore(LARGE_DECODE_SLOTS)
         self._in_flight = 0
         self._closed = False
         self._serving = False
@@ -171,10 +217,10 @@ class Receiver:
         self._hex_ids: dict[bytes, str] = {}
         server_class = _Server6 if ":" in host else _Server
         try:
-            self._server = server_class((host, port), _Handler)
+            self._server = server_class((host, port), _Handler, limits.max_connections)
         except OSError as exc:
             raise ConfigError(f"--listen {_host_port(host, port)}: cannot listen there: {exc.strerror or exc}") from None
-        except OverflowError as exc:
+        except (OverflowError, UnicodeError) as exc:
             raise ConfigError(f"--listen {_host_port(host, port)}: {exc}") from None
         self._server.receiver = self
         self.port = int(self._server.server_address[1])
@@ -248,12 +294,18 @@ class Receiver:
         try:
             if not as_json and _media_type(content_type) not in _PROTOBUF_TYPES:
                 raise _Refused(415, f"unsupported content type {content_type!r}: send application/x-protobuf or application/json")
-            raw = self._decompress(body, content_encoding)
-            spans, problems, offered = self._decode(raw, as_json)
-            rejected = offered - len(spans)
-            return self._keep(spans, rejected, problems, as_json)
+            if content_encoding.strip().lower() in ("", "identity"):
+                return self._decode_keep(body, as_json)
+            with self._inflating:  # held until answered: it bounds the decompressed bodies held at once
+                return self._decode_keep(self._decompress(body, content_encoding), as_json)
         except _Refused as refused:
             return self.refuse(refused.status, str(refused), json=as_json, close=refused.close)
+
+    def _decode_keep(self, raw: bytes, as_json: bool) -> Reply:
+        with self._small_lane if len(raw) <= SMALL_DECODE_BYTES else self._large_lane:
+            spans, problems, offered = self._decode(raw, as_json)
+            del raw
+            return self._keep(spans, offered - len(spans), problems, as_json)
 
     def refuse(self, status: int, message: str, *, json: bool = False, close: bool = False) -> Reply:
         """An error reply (a `google.rpc.Status` body), counted."""
@@ -302,6 +354,7 @@ class Receiver:
 
     def _keep(self, spans: list[Span], rejected: int, problems: list[str], as_json: bool) -> Reply:
         """Write the spans that fit under `max_spans`; the reply's partial success counts the rest."""
+        line = _encode_line(spans)  # before taking the lock: a large request's encoding must not hold up the others
         with self._lock:
             if self._closed:
                 raise _Refused(503, "latprof receive is stopping")
@@ -312,9 +365,10 @@ class Receiver:
             if dropped:
                 del spans[room:]
                 problems.append(f"latprof receive keeps at most {self.max_spans:,} spans (--max-spans): {dropped} refused")
+                line = _encode_line(spans)
             if spans and self._file is not None:
                 try:
-                    self._file.write(encode_request(spans) + b"\n")
+                    self._file.write(line)
                     self._file.flush()
                 except OSError as exc:
                     self.write_error = exc.strerror or str(exc)
@@ -340,6 +394,16 @@ class Receiver:
             self._lock.notify_all()
 
 
+def _encode_line(spans: Sequence[Span]) -> bytes:
+    """`spans` as a line of the file (nothing when none); `_Refused` 400 when they cannot be written as JSON."""
+    if not spans:
+        return b""
+    try:
+        return encode_request(spans) + b"\n"
+    except TypeError as exc:  # orjson's recursion limit (255 levels): values nested deeper than JSON files hold
+        raise _Refused(400, f"the spans cannot be written as OTLP JSON: {exc}") from None
+
+
 def _media_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
@@ -349,19 +413,29 @@ def _host_port(host: str, port: int) -> str:
 
 
 def _inflate(body: bytes, wbits: int, limit: int) -> bytes:
-    """`body` decompressed (every gzip member of it); `_Refused` 413 past `limit` bytes, 400 when cut short; `zlib.error`."""
+    """`body` decompressed (every gzip member of it); `_Refused` 413 past `limit` bytes, 400 when cut short; `zlib.error`.
+
+    The input is given a piece at a time: what is left of it is never copied whole after each gzip member
+    (a body of many tiny members would cost a copy of the rest per member).
+    """
     out = bytearray()
-    rest = body
-    while True:
+    view = memoryview(body)
+    at = 0
+    for _ in range(_MAX_GZIP_MEMBERS):
         inflater = zlib.decompressobj(wbits)
-        out += inflater.decompress(rest, limit + 1 - len(out))
-        if len(out) > limit:
-            raise _Refused(413, f"the body is over {limit:,} bytes once decompressed")
+        while not inflater.eof and at < len(view):
+            piece = view[at:at + _PIECE]
+            out += inflater.decompress(piece, limit + 1 - len(out))
+            if len(out) > limit:
+                raise _Refused(413, f"the body is over {limit:,} bytes once decompressed")
+            at += len(piece) - len(inflater.unused_data) - len(inflater.unconsumed_tail)
         if not inflater.eof:
             raise _Refused(400, "the compressed body is cut short")
-        rest = inflater.unused_data
-        if wbits != 31 or not rest.startswith(b"\x1f\x8b"):
+        if wbits != 31 or bytes(view[at:at + 2]) != b"\x1f\x8b":
             break
+    else:
+        raise _Refused(400, f"the gzip body has over {_MAX_GZIP_MEMBERS:,} members")
+    rest = bytes(view[at:])
     if rest.strip(b"\0"):
         raise _Refused(400, f"{len(rest)} byte(s) after the end of the compressed body")
     return bytes(out)
@@ -370,9 +444,39 @@ def _inflate(body: bytes, wbits: int, limit: int) -> bytes:
 # --- HTTP ---------------------------------------------------------------------------------------
 
 
+class _Conn:
+    """One open connection: what it is waiting for (`idle`, `head`, `body`; `work` while answered) and until when."""
+
+    __slots__ = ("sock", "phase", "since", "deadline", "closed")
+
+    def __init__(self, sock: socket.socket, idle_timeout_s: float) -> None:
+        self.sock = sock
+        self.closed = False
+        self.enter("idle", idle_timeout_s)
+
+    def enter(self, phase: str, timeout_s: float | None) -> None:
+        self.phase, self.since = phase, time.monotonic()
+        self.deadline = math.inf if timeout_s is None else self.since + timeout_s
+
+    def close(self) -> None:
+        """Shut the socket: its thread's blocked read returns at once and the connection ends."""
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # a burst of exporters connecting at once waits in the backlog, not in SYN retries
     receiver: Receiver
+
+    def __init__(self, address: tuple[str, int], handler: type[http.server.BaseHTTPRequestHandler], max_connections: int) -> None:
+        self.max_connections = max_connections
+        self.conns: dict[int, _Conn] = {}
+        self._conns_lock = threading.Lock()
+        super().__init__(address, handler)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind looks the host's name up (getfqdn): slow, and not needed
@@ -384,19 +488,113 @@ class _Server(http.server.ThreadingHTTPServer):
         if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client that left is no error
             super().handle_error(request, client_address)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Start the connection's thread; at the cap, close the longest-waiting connection first (none: answer 503)."""
+        limits = self.receiver.limits
+        with self._conns_lock:
+            open_conns = [conn for conn in self.conns.values() if not conn.closed]
+            if len(open_conns) >= self.max_connections:
+                waiting = [conn for conn in open_conns if conn.phase != "work"]
+                if not waiting:
+                    self._busy(request)
+                    return
+                min(waiting, key=lambda conn: conn.since).close()
+            self.conns[id(request)] = _Conn(request, limits.idle_timeout_s)
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._conns_lock:
+                self.conns.pop(id(request), None)
+
+    def service_actions(self) -> None:
+        """Close the connections past their deadline (`serve_forever` calls this every poll)."""
+        now = time.monotonic()
+        with self._conns_lock:
+            late = [conn for conn in self.conns.values() if not conn.closed and conn.deadline < now]
+        for conn in late:
+            conn.close()
+
+    def _busy(self, request: socket.socket) -> None:
+        reply = self.receiver.refuse(503, f"latprof receive has {self.max_connections} connections open, its limit: retry later")
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: {reply.content_type}\r\nContent-Length: {len(reply.body)}\r\n"
+                "Retry-After: 1\r\nConnection: close\r\n\r\n")  # fmt: skip
+        try:
+            request.settimeout(1.0)
+            request.sendall(head.encode("ascii") + reply.body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
+class _HeadReader:
+    """The connection's reader while a request's line and headers are read: over `limit` bytes in all, `HTTPException`."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self.raw, self.left = raw, limit
+        self.last = b""
+
+    def readline(self, size: int = -1) -> bytes:
+        line: bytes = self.raw.readline(self.left + 1 if size < 0 else min(size, self.left + 1))
+        self.left -= len(line)
+        self.last = line
+        if self.left < 0:
+            raise http.client.HTTPException("the request's headers are over the size limit")
+        return line
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "latprof-receive"
-    timeout = CONNECTION_TIMEOUT_S
     server: _Server
+    raw_requestline: bytes
+    _conn: _Conn
+
+    def setup(self) -> None:
+        limits = self.server.receiver.limits
+        super().setup()
+        self.connection.settimeout(max(limits.idle_timeout_s, limits.header_timeout_s, limits.body_timeout_s) + 5)  # a backstop
+        conn = self.server.conns.get(id(self.request))
+        self._conn = conn if conn is not None else _Conn(self.request, limits.idle_timeout_s)
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the progress line says what arrives
         pass
+
+    def handle_one_request(self) -> None:
+        limits = self.server.receiver.limits
+        self._conn.enter("idle", limits.idle_timeout_s)
+        try:
+            if not self.rfile.peek(1):  # type: ignore[attr-defined]
+                self.close_connection = True
+                return
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+            return
+        self._conn.enter("head", limits.header_timeout_s)
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        limit = self.server.receiver.limits.max_header_bytes - len(self.raw_requestline)
+        if limit < 0:
+            self.send_error(431, "Request header fields too large")
+            return False
+        rfile = self.rfile
+        reader = _HeadReader(rfile, limit)
+        self.rfile = reader  # type: ignore[assignment]
+        try:
+            parsed = super().parse_request()
+        finally:
+            self.rfile = rfile
+        if parsed and not reader.last.endswith(b"\n"):  # the connection ended (or was cut off) within the headers
+            self.close_connection = True
+            return False
+        return parsed
 
     def _send(self, reply: Reply, *, head: bool = False) -> None:
         self.send_response(reply.status)
@@ -415,6 +613,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return _media_type(self.headers.get("Content-Type") or "") == _JSON_TYPE
 
     def _not_post(self) -> None:
+        self._conn.enter("work", None)
         receiver = self.server.receiver
         path = self.path.split("?", 1)[0]
         if path == TRACES_PATH:
@@ -441,6 +640,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             receiver._end()
 
     def _post(self, receiver: Receiver) -> Reply:
+        self._conn.enter("work", None)
         as_json = self._wants_json()
         path = self.path.split("?", 1)[0]
         if path != TRACES_PATH:
@@ -453,49 +653,90 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
             return receiver.refuse(415, f"unsupported content encoding {encoding!r}: send gzip, deflate or none", json=as_json,
                                    close=True)  # fmt: skip
-        with receiver._slots:  # bounds the bodies held at once
+        body = _Body(receiver, self._conn)
+        try:
+            self._conn.enter("body", receiver.limits.body_timeout_s)
             try:
-                body = self._read_body(receiver.max_request_bytes)
+                self._read_body(receiver.max_request_bytes, body)
             except _Refused as refused:
                 return receiver.refuse(refused.status, str(refused), json=as_json, close=True)
-            return receiver.export(content_type, encoding, body)
+            if self._conn.closed:  # cut off at its deadline or for a newer connection: what was read may be short
+                raise ConnectionResetError("closed while its body was read")
+            self._conn.enter("work", None)
+            return receiver.export(content_type, encoding, body.data)  # type: ignore[arg-type]  # bytes-like: not copied
+        finally:
+            body.release()
 
-    def _read_body(self, limit: int) -> bytes:
-        """The request's body (Content-Length or chunked); `_Refused` 413 past `limit` (nothing more is read), 400 when malformed."""
+    def _read_body(self, limit: int, body: _Body) -> None:
+        """Read the request's body (Content-Length or chunked) into `body`; `_Refused` 413 past `limit` (nothing more is read), 400 when malformed."""
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            chunks = bytearray()
             while True:
                 line = self.rfile.readline(1024)
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    raise _Refused(400, "malformed chunked body") from None
+                if not line.endswith(b"\n"):
+                    if len(line) < 1024:
+                        raise ConnectionResetError("the client left mid-body")
+                    raise _Refused(400, "malformed chunked body: a chunk size line over 1 KiB")
+                size_text = line.split(b";", 1)[0].strip()
+                if not _CHUNK_SIZE.fullmatch(size_text):
+                    raise _Refused(400, f"malformed chunked body: chunk size {size_text[:40]!r} is not hexadecimal")
+                size = int(size_text, 16)
                 if size == 0:
-                    while self.rfile.readline(1024).strip():  # trailers
-                        pass
-                    return bytes(chunks)
-                if len(chunks) + size > limit:
+                    for _ in range(100):  # trailers, up to an empty line
+                        if not self.rfile.readline(1024).strip():
+                            return
+                    raise _Refused(400, "malformed chunked body: over 100 trailer lines")
+                if len(body.data) + size > limit:
                     raise _Refused(413, f"the body is over {limit:,} bytes")
-                chunk = self.rfile.read(size)
-                if len(chunk) < size:
-                    raise ConnectionResetError("the client left mid-body")
-                chunks += chunk
-                self.rfile.readline(8)
+                self._read_into(body, size)
+                if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                    raise _Refused(400, "malformed chunked body: no line end after a chunk")
         length_text = self.headers.get("Content-Length")
         if length_text is None:
-            return b""
-        try:
-            length = int(length_text)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise _Refused(400, f"bad Content-Length {length_text!r}") from None
+            return
+        if not length_text.strip().isdigit() or not length_text.strip().isascii():
+            raise _Refused(400, f"bad Content-Length {length_text[:40]!r}")
+        length = int(length_text)
         if length > limit:
             raise _Refused(413, f"the body is {length:,} bytes, over {limit:,}")
-        body = self.rfile.read(length)
-        if len(body) < length:
-            raise ConnectionResetError("the client left mid-body")
-        return body
+        self._read_into(body, length)
+
+    def _read_into(self, body: _Body, size: int) -> None:
+        """Read `size` bytes into `body` as they arrive, a piece at a time; `ConnectionResetError` when the client leaves or is cut off."""
+        while size:
+            piece = min(size, _PIECE)
+            body.hold(piece)
+            data = self.rfile.read(piece)
+            if len(data) < piece:
+                raise ConnectionResetError("the client left mid-body")
+            body.data += data
+            size -= piece
+
+
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+
+
+class _Body:
+    """A request's body as read so far; past `small_body_bytes` it holds one of the receiver's large-body slots."""
+
+    def __init__(self, receiver: Receiver, conn: _Conn) -> None:
+        self.data = bytearray()
+        self._receiver, self._conn = receiver, conn
+        self._large = False
+
+    def hold(self, size: int) -> None:
+        """Make room for `size` more bytes: past the small size, wait for a large-body slot (none is held meanwhile)."""
+        if self._large or len(self.data) + size <= self._receiver.limits.small_body_bytes:
+            return
+        while not self._receiver._large_bodies.acquire(timeout=0.2):
+            if self._conn.closed:
+                raise ConnectionResetError("closed while waiting to read its body")
+        self._large = True
+
+    def release(self) -> None:
+        if self._large:
+            self._receiver._large_bodies.release()
+            self._large = False
+        self.data = bytearray()
 
 
 # --- the file -----------------------------------------------------------------------------------
@@ -505,7 +746,8 @@ def encode_request(spans: Sequence[Span]) -> bytes:
     """`spans` as one OTLP JSON `ExportTraceServiceRequest`, as the Collector's `file` exporter writes it.
 
     Spans in a row with the same resource mapping and scope share a resourceSpans and scopeSpans
-    element. What the OTLP JSON reader reads back is the same spans.
+    element. What the OTLP JSON reader reads back is the same spans, without the attributes of
+    `_PRIVATE_KEYS` and the query strings of URLs.
     """
     resource_spans: list[dict[str, Any]] = []
     scope_spans: list[dict[str, Any]] = []
@@ -542,8 +784,31 @@ def encode_request(spans: Sequence[Span]) -> bytes:
     return orjson.dumps({"resourceSpans": resource_spans})
 
 
+#: Attributes (and prefixes) not written to the file: prompts, completions, tool arguments and results
+#: (`genai_spans.CONTENT_KEYS`), headers, SQL parameters, query strings, exception messages and stack
+#: traces, the process's command line and environment. latprof reads none of them, and they may
+#: hold what users typed, secrets or personal data.
+_PRIVATE_KEYS: tuple[str, ...] = CONTENT_KEYS + (
+    "http.request.header.", "http.response.header.", "db.query.parameter.", "url.query",
+    "exception.message", "exception.stacktrace", "process.command", "process.environ",
+)  # fmt: skip
+#: Private by prefix but read by the ingress inference (`latprof.analysis.ingress_inference`).
+_READ_HEADERS = frozenset({HTTP_REQUEST_HEADER_X_REQUEST_START, HTTP_REQUEST_HEADER_X_REQUEST_START_PY})
+#: URLs written without their query string and fragment (the analysis reads the host and the path).
+_URL_KEYS = frozenset({"url.full", "http.url", "http.target"})
+
+
 def _key_values(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": key, "value": _any_value(value)} for key, value in attrs.items()]
+    return [
+        {"key": key, "value": _any_value(_without_query(value) if key in _URL_KEYS else value)}
+        for key, value in attrs.items()
+        if not key.startswith(_PRIVATE_KEYS) or key in _READ_HEADERS
+    ]
+
+
+def _without_query(url: Any) -> Any:
+    """A URL without its query string and fragment."""
+    return url.split("?", 1)[0].split("#", 1)[0] if isinstance(url, str) else url
 
 
 def _any_value(value: Any) -> dict[str, Any]:
