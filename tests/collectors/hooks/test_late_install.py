@@ -450,8 +450,9 @@ class LoopThread:
 
 
 def pending_ticks(loop: Any) -> int:
-    return sum(1 for h in getattr(loop, "_scheduled", ()) if not h.cancelled() and isinstance(getattr(h._callback, "__self__", None),
-                                                                                           asyncio_loop.LoopMonitor))
+    # scheduled, or due and moved to the ready queue in the very iteration that runs the probe (a busy machine)
+    handles = [*getattr(loop, "_scheduled", ()), *getattr(loop, "_ready", ())]
+    return sum(1 for h in handles if not h.cancelled() and isinstance(getattr(h._callback, "__self__", None), asyncio_loop.LoopMonitor))
 
 
 def services_factory(loop: Any, coro: Any, **kwargs: Any) -> Any:
