@@ -99,7 +99,10 @@ _monitors: list[Any] = []  # the loop monitors seen while the hooks recorded (ke
 async def _inspect() -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     factory = loop.get_task_factory()
-    ticks = [h for h in getattr(loop, "_scheduled", ())  # (uvloop keeps its timers to itself: none here)
+    # scheduled, or due and moved to the ready queue in the very iteration that runs this (a busy machine);
+    # uvloop keeps its timers to itself: none here
+    handles = [*getattr(loop, "_scheduled", ()), *getattr(loop, "_ready", ())]
+    ticks = [h for h in handles
              if not h.cancelled() and type(getattr(h._callback, "__self__", None)).__name__ == "LoopMonitor"]
     return {"task_factory": None if factory is None else factory.__qualname__, "pending_ticks": len(ticks)}
 
