@@ -80,7 +80,7 @@ import psutil
 from latprof.demo.load import LoadStats, drive
 from latprof.demo.provider import Provider, ProviderConfig
 from latprof.demo.run import normalize_dsn
-from latprof.semconv import DEFAULT_MAX_RATE, SAMPLE_WEIGHT
+from latprof.semconv import DEFAULT_MAX_RATE, NOTE_OVERHEAD, SAMPLE_WEIGHT
 
 PATH = "/chat-released"
 PROVIDER = ProviderConfig(ttft_ms=30.0, tpot_ms=2.0, output_tokens=8)
@@ -255,6 +255,8 @@ class SoakResult:
     other_roots: dict[str, int] = field(default_factory=dict)
     represented: int = 0
     quality: dict[str, int] = field(default_factory=dict)
+    #: run: the attrs of the observed service's latest `overhead` record (what latprof reports it cost)
+    overhead: dict[str, Any] = field(default_factory=dict)
     #: attach: samples in the capture, and the longest time of the soak without one (between the starts of
     #: two one-second windows of samples, or from the soak's start or to its end)
     samples: int = 0
@@ -339,6 +341,15 @@ class SoakResult:
                    f" ({o.cpu_ms_per_request / max(p.cpu_ms_per_request, 1e-9) - 1:+.1%})"
                    + (f"; the sampler (latprof attach and py-spy) {self.sampler_cpu_s / max(self.wall_s, 1e-9):.1%}"
                       f" of a core" if self.mode == "attach" else ""))  # fmt: skip
+        if self.mode == "run" and self.overhead.get("requests"):
+            # What latprof says it cost, per request its hooks saw (warm-up included), against the
+            # CPU per request measured side by side above (the writer's thread included in both).
+            cost = self.overhead
+            reported_ms = (float(cost.get("writer_cpu_ms", 0)) + float(cost.get("hook_ms", 0))) / int(cost["requests"])
+            measured_ms = o.cpu_ms_per_request - p.cpu_ms_per_request
+            out.append(f"  latprof's own cost as it reports it: {reported_ms * 1000:.1f} us CPU per request (writer"
+                       f" {float(cost.get('writer_cpu_ms', 0)) * 1000 / int(cost['requests']):.1f}); measured side by side"
+                       f" {measured_ms * 1000:+.1f} us" + (f": reported / measured {reported_ms / measured_ms:.2f}" if measured_ms > 0 else ""))
         if self.mode == "run":
             out.append(f"  capture: {self.roots} request roots standing for {self.represented} requests; the service"
                        f" answered {o.done + self.other_done} on {PATH} (other roots: {self.other_roots}); quality records"
@@ -443,6 +454,8 @@ def read_run_capture(capture: Path, result: SoakResult) -> None:
                 result.quality[kind] = result.quality.get(kind, 0) + 1
                 if kind == "hooks_loaded":
                     result.hooks_loaded = list(record.get("attrs", {}).get("collectors", []))
+                elif kind == NOTE_OVERHEAD:
+                    result.overhead = dict(record.get("attrs") or {})
 
 
 def read_attach_capture(capture: Path, result: SoakResult, begin_ns: int, end_ns: int) -> None:

@@ -144,8 +144,26 @@ class RequestCoroutine(asyncio_loop.TimedCoroutine):
         return result
 
 
+def track_if_sampled(hook: str, coro: Any, track: Callable[..., Any], *args: Any) -> Any:
+    """What an inbound hook does with the coroutine of each request its server starts: `coro`
+    itself when not recording or the request is not in the sample, else `track(*args, coro,
+    weight)`. Never raises; the hook's own time here is part of what it reports it cost."""
+    if not runtime.active():
+        return coro
+    timing = runtime.cost_begin()
+    try:
+        weight = runtime.sampler()
+        return track(*args, coro, weight) if weight else coro
+    except Exception as exc:
+        runtime.count_error(hook, exc)
+        return coro
+    finally:
+        runtime.cost_end(timing)
+
+
 def begin(request: Request) -> None:
     """First step, in the request task's own context: open the request there."""
+    timing = runtime.cost_begin()
     try:
         handler_ns = _time_ns()
         request.handler_ns = handler_ns
@@ -159,12 +177,14 @@ def begin(request: Request) -> None:
         request.finished = request.done = True
         request.monitor.request_finished()
         runtime.count_error(request.hook, exc)
+    runtime.cost_end(timing)
 
 
 def finish(request: Request) -> None:
     """Emit the request's segments and root (in the request task's context); never raises."""
     if request.finished:
         return
+    timing = runtime.cost_begin()
     request.finished = request.done = True
     monitor = request.monitor
     monitor.request_finished()
@@ -192,6 +212,7 @@ def finish(request: Request) -> None:
         runtime.count_error(request.hook, exc)
     finally:
         request.scope = request.state = request.token = None  # the cycle outlives the request on a keep-alive connection
+        runtime.cost_end(timing)
 
 
 def waited_for_the_loop(state: runtime.RequestState, blocks: list[tuple[int, int]]) -> None:

@@ -42,14 +42,7 @@ def _patch(module: Any) -> None:
 
     def _handle_request(self: Any, request: Any, start_time: Any, request_handler: Any) -> Any:
         coro = original(self, request, start_time, request_handler)
-        if not runtime.active():
-            return coro
-        try:
-            weight = runtime.sampler()
-            return _track(self, request, coro, weight) if weight else coro
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
-            return coro
+        return _async_request.track_if_sampled(HOOK, coro, _track, self, request)
 
     functools.update_wrapper(_handle_request, original)
     scaffold.replace(cls, "_handle_request", _handle_request)

@@ -98,22 +98,8 @@ def _patch_uvicorn(module: Any) -> None:
     original_send = cls.__dict__["send"]
 
     def run_asgi(self: Any, app: Any) -> Any:
-        coro = original_run_asgi(self, app)
-        if not runtime.active():
-            return coro
-        try:
-            weight = runtime.sampler()
-            if not weight:  # not in the sample: the request runs untouched
-                return coro
-            tracked = _track(self, coro, weight)
-            if tracked is not coro:
-                # Only this cycle's `send` is wrapped (the coroutine looks it up when it runs):
-                # requests outside the sample do not pay for a wrapper.
-                self.__dict__["send"] = types.MethodType(send, self)
-            return tracked
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
-            return coro
+        # A request outside the sample runs untouched.
+        return _async_request.track_if_sampled(HOOK, original_run_asgi(self, app), _track_cycle, self, send)
 
     def send(self: Any, message: Any) -> Any:
         request = self.__dict__.get(_CYCLE_ATTR)
@@ -202,6 +188,15 @@ def late_coverage() -> str:
 
 
 # --- one request -------------------------------------------------------------------------------
+
+
+def _track_cycle(cycle: Any, send: Callable[..., Any], coro: Any, weight: int) -> Any:
+    tracked = _track(cycle, coro, weight)
+    if tracked is not coro:
+        # Only this cycle's `send` is wrapped (the coroutine looks it up when it runs):
+        # requests outside the sample do not pay for a wrapper.
+        cycle.__dict__["send"] = types.MethodType(send, cycle)
+    return tracked
 
 
 def _track(cycle: Any, coro: Any, weight: int = 1) -> Any:

@@ -110,19 +110,24 @@ def _reset_ids() -> None:
 #
 # Two parts, neither touching the service's threads beyond the hooks' own calls:
 # - the capture writer's flush thread: its CPU clock (`time.pthread_getcpuclockid`), measured;
-# - the recording functions the hooks call on the service's threads (`open_request`,
-#   `end_request`, `record`, `gauge`): about 1 in COST_TIMING_STRIDE calls is timed with
-#   `perf_counter_ns` (the gap to the next timed call drawn at random from 1 to 2 * stride - 1,
-#   so no pattern of calls per request locks onto one phase), and the sum scaled by calls made /
-#   calls timed. Wall-clock time: a timed call of `MAX_TIMED_NS` or more was not running all that
-#   time (its thread was preempted, or the garbage collector ran) and is left out of the sample,
-#   which would otherwise count it 16 times over. What each call costs beyond that (about 50 ns:
-#   the counter) is not counted.
-# Not measured: the hooks' wrapper code outside these functions (the inbound hooks' per-request
-# bookkeeping, the asyncio coroutine proxies, TCP_INFO, the sampler's decision on requests not
-# recorded), nor the indirect cost (more garbage collection, caches). A sampler of the service
-# threads' frames from a thread of latprof's was tried and dropped: it only gets the GIL where
-# a thread releases it, which under uvloop is the loop's poll, never inside the hooks.
+# - the hooks' own code on the service's threads: the recording functions (`open_request`,
+#   `end_request`, `record`, `gauge`) and the stretches of hook code marked with `cost_begin` /
+#   `cost_end` (the inbound hooks' per-request bookkeeping with the sampler's decision and
+#   TCP_INFO, closing a request, the event-loop probe's tick). About 1 in COST_TIMING_STRIDE of
+#   these calls is timed with `perf_counter_ns` (the gap to the next timed call drawn at random
+#   from 1 to 2 * stride - 1, so no pattern of calls per request locks onto one phase), and the
+#   sum scaled by calls made / calls timed. While a stretch is timed, every recording call it
+#   makes times itself and is taken out of the stretch's time (so it counts once: as a call of
+#   its own, sampled like the others). Wall-clock time: a timed call of `MAX_TIMED_NS` or more
+#   was not running all that time (its thread was preempted, or the garbage collector ran) and
+#   is left out of the sample, which would otherwise count it 16 times over. What each call
+#   costs beyond that (about 50-90 ns: the counter) is not counted.
+# Not measured: the wrappers' per-call frames and per-step accounting (the asyncio coroutine
+# proxies, the task factory: cheaper than the timing would be), the outbound hooks' code around
+# their recording calls, and the cost in no code of latprof's (the service's own code running
+# slower beside it: caches, more garbage collection). A sampler of the service threads' frames
+# from a thread of latprof's was tried and dropped: it only gets the GIL where a thread
+# releases it, which under uvloop is the loop's poll, never inside the hooks.
 # `benchmarks/bench_reported_overhead.py` measures how much of the side-by-side cost this catches.
 
 #: About 1 in this many calls of the recording functions is timed.
@@ -145,15 +150,19 @@ _arrivals_base: tuple[int, int] = (0, 0)  # (id of the sampler, its arrivals) th
 _writer_cpu_s = 0.0  # the writer threads' CPU, summed over threads that came and went
 _writer_thread: tuple[int, float] | None = None  # (ident, its CPU at the last reading)
 _overhead_due_ns = 0  # perf_counter_ns from which the next periodic `overhead` record is due
+_region_started = 0  # perf_counter_ns when the hook code stretch being timed began (`cost_begin`; 0: none)
+_region_number = 0  # its call number
+_region_nested_ns = 0  # the recording calls' time inside it, taken out of its own
 
 
 def _reset_cost() -> None:
     """Start this process's accounting from zero (at `start`, and in a forked child)."""
     global _calls, _timed_at, _timed_ns, _timed, _last_call, _recorded, _cost_wall_ns, _cost_cpu_s
-    global _arrivals_base, _writer_cpu_s, _writer_thread, _overhead_due_ns
+    global _arrivals_base, _writer_cpu_s, _writer_thread, _overhead_due_ns, _region_started, _region_nested_ns
     _calls = itertools.count()
     _timed_at = int(random.random() * COST_TIMING_STRIDE)
     _timed_ns = _timed = _last_call = _recorded = 0
+    _region_started = _region_nested_ns = 0
     _cost_wall_ns = _perf_ns()
     _cost_cpu_s = time.process_time()
     _arrivals_base = (id(sampler), sampler.arrivals + sampler.seen) if "sampler" in globals() else (0, 0)
@@ -166,10 +175,52 @@ def _took(number: int, started_ns: int) -> None:
     """The timed call, the `number`th, that began at `started_ns` ended: add it, pick the next call
     to time and, when due, write the periodic `overhead` record. Not locked: threads racing here
     may lose a timing now and then, never corrupt anything."""
-    global _timed_at, _timed_ns, _timed, _last_call
+    global _timed_at, _timed_ns, _timed, _last_call, _region_started, _region_nested_ns
     now = _perf_ns()
+    if _region_started:  # inside a stretch being timed: its time is taken out of the stretch's
+        if now - _region_started < MAX_TIMED_NS:
+            _region_nested_ns += now - started_ns
+            return
+        _region_started = 0  # a stretch whose end never came (an exception past it): given up
     if now - started_ns < MAX_TIMED_NS:
         _timed_ns += now - started_ns
+        _timed += 1
+        _last_call = number
+    _timed_at = number + 1 + int(random.random() * (2 * COST_TIMING_STRIDE - 1))
+    if now >= _overhead_due_ns:
+        report_overhead()
+
+
+def cost_begin() -> int:
+    """Call where a stretch of a hook's own code begins on the service's thread (bookkeeping
+    around the service's calls, not containing them); hand the result to `cost_end` where the
+    stretch ends. Counted as one of the calls timed about 1 in `COST_TIMING_STRIDE`; the
+    recording functions it calls are timed apart and taken out of its time. Stretches must not
+    nest. Returns 0 when this one is not timed (then `cost_end` does nothing)."""
+    global _timed_at, _region_started, _region_number, _region_nested_ns
+    number = next(_calls)
+    if number < _timed_at:
+        return 0
+    if _region_started and _perf_ns() - _region_started < MAX_TIMED_NS:  # another thread's stretch
+        return 0
+    _region_number = number
+    _region_nested_ns = 0
+    _timed_at = -1  # until the stretch ends, every recording call times itself (`_took` takes it out)
+    _region_started = started = _perf_ns()
+    return started
+
+
+def cost_end(started_ns: int) -> None:
+    """The stretch `cost_begin` returned `started_ns` for ended."""
+    global _timed_at, _timed_ns, _timed, _last_call, _region_started
+    if not started_ns or started_ns != _region_started:
+        return
+    now = _perf_ns()
+    _region_started = 0
+    number = _region_number
+    own = now - started_ns - _region_nested_ns
+    if now - started_ns < MAX_TIMED_NS and own >= 0:
+        _timed_ns += own
         _timed += 1
         _last_call = number
     _timed_at = number + 1 + int(random.random() * (2 * COST_TIMING_STRIDE - 1))
@@ -209,14 +260,15 @@ def cost() -> dict[str, Any]:
     of its `overhead` record.
 
     - `writer_cpu_ms`: CPU of the capture writer's flush thread, read from its clock (measured).
-    - `hook_ms`: time in the recording functions on the service's threads, estimated from the
-      timed calls (`timed_calls` of `recording_calls`) scaled by calls made / calls timed.
+    - `hook_ms`: time in the hooks' own code on the service's threads (the recording functions
+      and the stretches `cost_begin` marks), estimated from the timed calls (`timed_calls` of
+      `recording_calls`) scaled by calls made / calls timed.
     - `cpu_percent`: the two together, as a percentage of one CPU core over the wall-clock time
       since recording began in this process; `process_cpu_percent` the same as a percentage
       of the CPU the process used meanwhile.
-    - `added_ms_per_request`: `hook_ms` per recorded request (None before the first): what a
-      recorded request spent in the recording functions. The writer's CPU is spent off the
-      requests' path and is not in it.
+    - `added_ms_per_request`: `hook_ms` per request served, recorded or not (None before the
+      first): what a request spent in the hooks' code on average. The writer's CPU is spent off
+      the requests' path and is not in it.
     - `requests`: every request the inbound hooks saw arrive, recorded or not.
     """
     wall_s = max((_perf_ns() - _cost_wall_ns) / 1e9, 1e-9)
@@ -226,17 +278,18 @@ def cost() -> dict[str, Any]:
     calls = max(_last_call + 1, timed) if timed else 0
     hook_s = timed_ns * calls / timed / 1e9 if timed else 0.0
     recorded = _recorded
+    served = requests_served()
     return {
         OVERHEAD_SOURCE: OVERHEAD_SOURCE_HOOKS,
         "cpu_percent": round(100 * (writer_s + hook_s) / wall_s, 4),
-        "added_ms_per_request": round(hook_s * 1000 / recorded, 5) if recorded else None,
+        "added_ms_per_request": round(hook_s * 1000 / served, 5) if served else None,
         "process_cpu_percent": round(100 * (writer_s + hook_s) / process_s, 3) if process_s > 0 else None,
         "writer_cpu_ms": round(writer_s * 1000, 3),
         "hook_ms": round(hook_s * 1000, 3),
         "timed_calls": timed,
         "recording_calls": calls,
         "recorded_requests": recorded,
-        "requests": requests_served(),
+        "requests": served,
         "wall_s": round(wall_s, 3),
         "injected": injected,
     }

@@ -173,12 +173,14 @@ def wrap_app(app: Callable[..., Any], *, server: str = "wsgi", threaded: bool = 
     def application(environ: Any, start_response: Callable[..., Any]) -> Any:
         if not runtime.active() or runtime.current_request() is not None:
             return app(environ, start_response)
+        timing = runtime.cost_begin()
         try:
             weight = runtime.sampler()
             request = _open(environ, weight, threaded) if weight else None
         except Exception as exc:
             runtime.count_error(HOOK, exc)
             request = None
+        runtime.cost_end(timing)
         if request is None:
             return app(environ, start_response)
 
@@ -252,10 +254,12 @@ def _open(environ: Any, weight: int, threaded: bool) -> _Request | None:
         elif handed <= arrival:  # in the thread pool's queue before its bytes arrived
             _segment(state, THREADPOOL_WAIT, arrival, called_ns, "threadpool")
         else:
+            pool_from = arrival  # a backlog wait too short to tell apart is the pool's: the queue starts at arrival
             if handed - arrival >= MIN_QUEUE_NS:
                 _segment(state, BACKLOG_WAIT, arrival, handed, "backlog")
-            if called_ns - handed >= MIN_QUEUE_NS:
-                _segment(state, THREADPOOL_WAIT, handed, called_ns, "threadpool")
+                pool_from = handed
+            if called_ns - pool_from >= MIN_QUEUE_NS:
+                _segment(state, THREADPOOL_WAIT, pool_from, called_ns, "threadpool")
     return request
 
 
@@ -267,6 +271,7 @@ def _finish(request: _Request) -> None:
     """Emit the request's root (once); never raises."""
     if request.finished:
         return
+    timing = runtime.cost_begin()
     request.finished = True
     try:
         end_ns = _time_ns()
@@ -277,6 +282,7 @@ def _finish(request: _Request) -> None:
         runtime.end_request(request.token, end_ns)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
+    runtime.cost_end(timing)
 
 
 class _Response:

@@ -131,8 +131,8 @@ def overhead_parts(timeline: Timeline) -> dict[str, dict[str, float | None]]:
 
     `cpu_percent` is a percentage of one CPU core. The hooks': the sum over the service's
     processes (each process's hooks use CPU of their own). The sampler's: the mean of its
-    records (one per attach session). `added_ms_per_request`: the hooks' time per recorded
-    request, weighted by each process's recorded requests; the sampler adds none it measures.
+    records (one per attach session). `added_ms_per_request`: the hooks' time per request served,
+    weighted by each process's requests; the sampler adds none it measures.
     """
     last: dict[tuple[str, int], dict[str, Any]] = {}
     for record in timeline.quality:
@@ -148,7 +148,7 @@ def overhead_parts(timeline: Timeline) -> dict[str, dict[str, float | None]]:
         part: dict[str, float | None] = {"cpu_percent": None, "added_ms_per_request": None}
         if cpu:
             part["cpu_percent"] = round(sum(cpu) if source == "hooks" else sum(cpu) / len(cpu), 3)
-        added = [(a, _number(r.get("recorded_requests"))) for r in records
+        added = [(a, _number(r.get("requests"))) for r in records
                  if (a := _number(r.get("added_ms_per_request"))) is not None]  # fmt: skip
         if added:
             weights = [w if w is not None and w > 0 else 0.0 for _, w in added]
@@ -165,7 +165,7 @@ def overhead_of(timeline: Timeline, parts: dict[str, dict[str, float | None]] | 
 
     `cpu_percent`: percent of one CPU core, the sum of the sources' (`overhead_parts`): the
     in-process hooks' over the service's processes, plus the attach sampler's own process.
-    `added_ms_per_request`: the hooks' time per recorded request. Null where nothing measured it.
+    `added_ms_per_request`: the hooks' time per request served. Null where nothing measured it.
     """
     parts = overhead_parts(timeline) if parts is None else parts
     out: dict[str, float | None] = {"cpu_percent": None, "added_ms_per_request": None}
