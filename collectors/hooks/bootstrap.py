@@ -104,7 +104,8 @@ def _max_rate(value: str | None) -> float:
     except ValueError:
         rate = -1.0
     if not 0 <= rate < float("inf"):
-        runtime.count_error("bootstrap", ValueError(f"{runtime.ENV_MAX_RATE}={value!r} is not a rate; using the default"))
+        runtime.count_error("bootstrap", ValueError(f"{runtime.ENV_MAX_RATE}={value!r} is not a rate; using the default"),
+                            own_message=True)  # fmt: skip
         return runtime.DEFAULT_MAX_RATE
     return rate
 

@@ -678,15 +678,32 @@ def connection_wait_histogram(hook: str) -> Any:
 # --- the hooks' own errors ---------------------------------------------------------------------
 
 
-def count_error(hook: str, exc: BaseException) -> None:
-    """Count an error a hook swallowed; written as a quality record at most once a second per hook."""
+def count_error(hook: str, exc: BaseException, *, own_message: bool = False) -> None:
+    """Count an error a hook swallowed; written as a quality record at most once a second per hook.
+
+    The record says the last one's type and where it was raised (`describe_error`); its message
+    only when latprof wrote it (`own_message`), since a library's message can quote a value of
+    the service's: a key, a parameter, part of a prompt."""
     try:
         with _errors_lock:
             _errors[hook] = _errors.get(hook, 0) + 1
-            _last_error[hook] = f"{type(exc).__name__}: {exc}"[:300]
+            _last_error[hook] = describe_error(exc, own_message=own_message)
         report_errors()
     except Exception:
         pass
+
+
+def describe_error(exc: BaseException, *, own_message: bool = False) -> str:
+    """`exc`'s type and the innermost place it passed through ("KeyError at redis.py:812 in
+    _end_command"), with its message only when `own_message`; at most 300 characters."""
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        where = f" at {os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
+        tb = tb.tb_next
+    text = f"{type(exc).__qualname__}{where}"
+    return (f"{text}: {exc}" if own_message else text)[:300]
 
 
 def errors() -> dict[str, int]:
