@@ -272,16 +272,36 @@ def _not_python(pid: int) -> str:
     return f"{line}; the Python processes it started: {shown}: attach to one of them, e.g. `latprof attach --pid {children[0]}`"
 
 
-def process_label(pid: int, width: int = 60) -> str:
-    """A process's command line (or name), shortened: what `ps` would show; "" when it is gone."""
+def process_label(pid: int) -> str:
+    """What a process runs, without its arguments (they can hold a password or a prompt: `ps` shows
+    them, latprof does not repeat them): its name and, for Python, the module (`python -m
+    uvicorn`) or the script's file name (`python app.py`); "" when it is gone."""
     import psutil
 
     try:
         proc = psutil.Process(pid)
-        text = " ".join(proc.cmdline()) or proc.name()
+        name = proc.name()
+        cmdline = proc.cmdline()
     except psutil.Error:
         return ""
-    return text if len(text) <= width else text[: width - 3] + "..."
+    if "python" not in name.lower() or len(cmdline) < 2:
+        return name
+    args = cmdline[1:]
+    if "-m" in args and args.index("-m") + 1 < len(args):
+        return f"{name} -m {args[args.index('-m') + 1]}"
+    if "-c" in args:
+        return f"{name} -c ..."
+    taking_value = False
+    for arg in args:  # the script: the first argument that is neither an option nor an option's value
+        if taking_value:
+            taking_value = False
+        elif arg in ("-X", "-W"):
+            taking_value = True
+        elif arg == "-":  # the script from stdin; what follows is its arguments
+            return f"{name} -"
+        elif not arg.startswith("-"):
+            return f"{name} {os.path.basename(arg)}"
+    return name
 
 
 def python_descendants(pid: int) -> list[int]:
