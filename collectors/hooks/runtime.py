@@ -113,15 +113,16 @@ def _reset_ids() -> None:
 # - the hooks' own code on the service's threads: the recording functions (`open_request`,
 #   `end_request`, `record`, `gauge`) and the stretches of hook code marked with `cost_begin` /
 #   `cost_end` (the inbound hooks' per-request bookkeeping with the sampler's decision and
-#   TCP_INFO, closing a request, the event-loop probe's tick). About 1 in COST_TIMING_STRIDE of
-#   these calls is timed with `perf_counter_ns` (the gap to the next timed call drawn at random
-#   from 1 to 2 * stride - 1, so no pattern of calls per request locks onto one phase), and the
-#   sum scaled by calls made / calls timed. While a stretch is timed, every recording call it
-#   makes times itself and is taken out of the stretch's time (so it counts once: as a call of
-#   its own, sampled like the others). Wall-clock time: a timed call of `MAX_TIMED_NS` or more
-#   was not running all that time (its thread was preempted, or the garbage collector ran) and
-#   is left out of the sample, which would otherwise count it 16 times over. What each call
-#   costs beyond that (about 50-90 ns: the counter) is not counted.
+#   TCP_INFO, closing a request, the event-loop probe's tick, reading the loop thread's CPU clock
+#   after a long step). About 1 in COST_TIMING_STRIDE of these calls is timed with
+#   `perf_counter_ns` (the gap to the next timed call drawn at random from 1 to 2 * stride - 1, so
+#   no pattern of calls per request locks onto one phase), and the sum scaled by calls made /
+#   calls timed. While a stretch is timed, every recording call it makes times itself and is taken
+#   out of the stretch's time (so it counts once: as a call of its own, sampled like the others).
+#   Wall-clock time: a timed call of `MAX_TIMED_NS` or more was not running all that time (its
+#   thread was preempted, or the garbage collector ran) and is left out of the sample, which would
+#   otherwise count it 16 times over. What each call costs beyond that (about 50-90 ns: the
+#   counter) is not counted.
 # Not measured: the wrappers' per-call frames and per-step accounting (the asyncio coroutine
 # proxies, the task factory: cheaper than the timing would be), the outbound hooks' code around
 # their recording calls, and the cost in no code of latprof's (the service's own code running
