@@ -159,8 +159,11 @@ def _attrs(d: dict[str, Any]) -> Any:
 def _decode_request(d: dict[str, Any]) -> Request:
     cpu = d.get("cpu_ns")
     status = d.get("status_code")
+    request_id = d["request_id"]
+    if type(request_id) is not str:
+        raise TypeError("request_id must be a string")
     return Request(
-        d["request_id"],
+        request_id,
         str(d["route"]),
         int(d["start_ns"]),
         int(d["end_ns"]),
@@ -213,12 +216,20 @@ def segment_decoder() -> SegmentDecoder:
             attrs = no_attrs
         name = d["name"]
         pid = int(d["pid"])
+        segment_id = d["segment_id"]
+        parent_id = d.get("parent_id")
+        if type(segment_id) is not str or type(name) is not str or (parent_id is not None and type(parent_id) is not str):
+            raise TypeError("a segment's name, segment_id and parent_id must be strings")
+        if request_id is None:
+            request_id = d["request_id"]
+            if type(request_id) is not str:
+                raise TypeError("request_id must be a string")
         return new_tuple(
             Segment,
             (
-                d["request_id"] if request_id is None else request_id,
-                d["segment_id"],
-                d.get("parent_id"),
+                request_id,
+                segment_id,
+                parent_id,
                 shared.setdefault(name, name),
                 layer,
                 int(d["start_ns"]),

@@ -140,9 +140,16 @@ def test_wrong_schema_version_names_both_versions(tmp_path):
         b'{"type": "segment", "request_id": "r1", "segment_id": "z", "name": "x", "layer": "gpu", "start_ns": 1, "end_ns": 2, "pid": 1}',
         b'{"type": "request", "request_id": "r5", "route": "GET /", "start_ns": "soon", "end_ns": 2, "pid": 1}',
         b'{"type": "segment", "request_id": "r1", "segment_id": "z", "name": "x", "layer": "tool", "start_ns": 1, "end_ns": 2, "pid": 1, "attrs": [1]}',
+        # Found by the 10,000-case fuzzing: an id that is a list (unhashable) or a number got past the reader.
+        b'{"type": "segment", "request_id": "r1", "segment_id": [], "name": "x", "layer": "tool", "start_ns": 1, "end_ns": 2, "pid": 1}',
+        b'{"type": "segment", "request_id": "r1", "segment_id": "z", "parent_id": {"a": 1}, "name": "x", "layer": "tool", "start_ns": 1, "end_ns": 2, "pid": 1}',
+        b'{"type": "segment", "request_id": 7, "segment_id": "z", "name": "x", "layer": "tool", "start_ns": 1, "end_ns": 2, "pid": 1}',
+        b'{"type": "segment", "request_id": "r1", "segment_id": "z", "name": 5, "layer": "tool", "start_ns": 1, "end_ns": 2, "pid": 1}',
+        b'{"type": "request", "request_id": ["r5"], "route": "GET /", "start_ns": 1, "end_ns": 2, "pid": 1}',
     ],
-    ids=["json", "missing-field", "unknown-layer", "bad-int", "bad-attrs"],
-)
+    ids=["json", "missing-field", "unknown-layer", "bad-int", "bad-attrs", "list-segment-id", "object-parent-id",
+         "number-request-id", "number-name", "list-request-id"],
+)  # fmt: skip
 def test_malformed_line_before_the_end_names_file_and_line(tmp_path, bad_line):
     events = sample_events()
     lines = [orjson.dumps(make_header("run")), orjson.dumps(encode(events[0])), bad_line] + [
