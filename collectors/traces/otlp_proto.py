@@ -295,7 +295,7 @@ def _resource_spans(rs: Any, counters: Counters, out: list[Span]) -> None:
         for sp in spans:
             raw = sp.trace_id
             trace_id = hex_ids.get(raw)
-            if trace_id is None:
+            if trace_id is None or len(raw) != 16:  # (the cache holds parent ids too: 8 bytes)
                 if len(raw) != 16 or raw == zero_trace:
                     skip("span(s) without a valid traceId")
                     continue
@@ -310,7 +310,7 @@ def _resource_spans(rs: Any, counters: Counters, out: list[Span]) -> None:
                 parent_id = None
             else:
                 parent_id = hex_ids.get(raw)
-                if parent_id is None:
+                if parent_id is None or len(raw) != 8:  # (the cache holds trace ids too: 16 bytes)
                     if len(raw) != 8:
                         skip("span(s) with an invalid parentSpanId")
                         continue

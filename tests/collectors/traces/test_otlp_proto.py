@@ -324,6 +324,21 @@ def test_spans_from_request_counts_what_it_met(tmp_path: Path) -> None:
     assert again[0].trace_id is spans[0].trace_id  # the caches are shared: one string per trace id
 
 
+def test_an_id_cached_as_one_kind_is_still_checked_as_the_other() -> None:
+    """Trace ids (16 bytes) and parent ids (8 bytes) share one cache of hex strings: a trace id
+    seen before is no valid parent id, nor a parent id a trace id (found by fuzzing `latprof
+    receive`, whose requests share the cache: it kept a span the file reader skipped)."""
+    counters = Counters()
+    other_trace = bytes(range(1, 17))
+    assert len(spans_from_request(two_spans(), counters)) == 2  # TRACE and ROOT_ID are cached now
+    spans = spans_from_request(request(proto_span(CHILD_ID, parent=TRACE), proto_span(CHILD_ID, trace_id=ROOT_ID),
+                                       proto_span(CHILD_ID, trace_id=other_trace, parent=ROOT_ID)),
+                               Counters(counters.shared, counters.hex_ids))  # fmt: skip
+    assert [(s.trace_id, s.parent_id) for s in spans] == [(other_trace.hex(), ROOT_ID.hex())]
+    fresh = spans_from_request(request(proto_span(CHILD_ID, parent=TRACE), proto_span(CHILD_ID, trace_id=ROOT_ID)), Counters())
+    assert fresh == []  # as a reader that never saw them before says
+
+
 def test_the_real_fixtures_as_protobuf_read_as_their_json(tmp_path: Path) -> None:
     for fixture in sorted(FIXTURES.glob("*.otlp.json")):
         msg = proto_from_json(json.loads(fixture.read_text()))
