@@ -390,3 +390,5 @@ def test_listen_values_and_loopback() -> None:
     assert parse_listen("localhost:9") == ("localhost", 9)
     assert is_loopback("127.0.0.1") and is_loopback("127.8.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("::")
+    # Names IDNA cannot encode (a label over 63 characters, an empty label) are not loopback, not a traceback.
+    assert not is_loopback("a" * 70) and not is_loopback("a..b")
