@@ -6,6 +6,7 @@ Not a test module: `from attach.procs import ...` (tests/ is on sys.path, see te
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import socket
@@ -107,7 +108,7 @@ def load(port: int, path: str, clients: int, pause_s: float = 0.0) -> Iterator[l
         while not stop.is_set():
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
-            except OSError:
+            except (OSError, http.client.HTTPException):  # (IncompleteRead: the server killed mid-answer)
                 failures[0] += 1
                 time.sleep(0.05)
             if pause_s:
@@ -182,7 +183,7 @@ def client():
     while True:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
-        except OSError:
+        except Exception:  # refused, reset, or cut mid-answer (IncompleteRead)
             failures[0] += 1
             time.sleep(0.05)
 for _ in range(clients):
