@@ -176,15 +176,22 @@ def _took(number: int, started_ns: int) -> None:
     """The timed call, the `number`th, that began at `started_ns` ended: add it, pick the next call
     to time and, when due, write the periodic `overhead` record. Not locked: threads racing here
     may lose a timing now and then, never corrupt anything."""
-    global _timed_at, _timed_ns, _timed, _last_call, _region_started, _region_nested_ns
+    global _region_started, _region_nested_ns
     now = _perf_ns()
     if _region_started:  # inside a stretch being timed: its time is taken out of the stretch's
         if now - _region_started < MAX_TIMED_NS:
             _region_nested_ns += now - started_ns
             return
         _region_started = 0  # a stretch whose end never came (an exception past it): given up
-    if now - started_ns < MAX_TIMED_NS:
-        _timed_ns += now - started_ns
+    _sample(number, now - started_ns, now - started_ns, now)
+
+
+def _sample(number: int, elapsed_ns: int, own_ns: int, now: int) -> None:
+    """Add the `number`th call's own time to the sample (unless it was an outlier), pick the next
+    call to time and, when due, write the periodic `overhead` record."""
+    global _timed_at, _timed_ns, _timed, _last_call
+    if elapsed_ns < MAX_TIMED_NS and own_ns >= 0:
+        _timed_ns += own_ns
         _timed += 1
         _last_call = number
     _timed_at = number + 1 + int(random.random() * (2 * COST_TIMING_STRIDE - 1))
@@ -213,20 +220,12 @@ def cost_begin() -> int:
 
 def cost_end(started_ns: int) -> None:
     """The stretch `cost_begin` returned `started_ns` for ended."""
-    global _timed_at, _timed_ns, _timed, _last_call, _region_started
+    global _region_started
     if not started_ns or started_ns != _region_started:
         return
     now = _perf_ns()
     _region_started = 0
-    number = _region_number
-    own = now - started_ns - _region_nested_ns
-    if now - started_ns < MAX_TIMED_NS and own >= 0:
-        _timed_ns += own
-        _timed += 1
-        _last_call = number
-    _timed_at = number + 1 + int(random.random() * (2 * COST_TIMING_STRIDE - 1))
-    if now >= _overhead_due_ns:
-        report_overhead()
+    _sample(_region_number, now - started_ns, now - started_ns - _region_nested_ns, now)
 
 
 def _writer_cpu() -> float:
