@@ -314,15 +314,18 @@ def map_trace(
     id when it has one root). Every span below a root becomes a segment of that request, its
     layer by `classify`; a child hanging directly off the root has no parent segment.
     """
-    by_id: dict[str, Span] = {}
-    for span in spans:
-        if span[1] in by_id:
-            counts.duplicates += 1
-        else:
-            by_id[span[1]] = span
+    by_id: dict[str, Span] = {span[1]: span for span in spans}
+    if len(by_id) != len(spans):  # an id recorded twice: keep the first
+        by_id = {}
+        for span in spans:
+            if span[1] in by_id:
+                counts.duplicates += 1
+            else:
+                by_id[span[1]] = span
+        spans = list(by_id.values())
     children: dict[str, list[Span]] = {}
     roots: list[Span] = []
-    for span in by_id.values():
+    for span in spans:
         parent = span[2]
         if parent is None:
             roots.append(span)

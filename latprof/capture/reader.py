@@ -99,7 +99,10 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
         trace_format = _trace_format(path)
         if trace_format is not None:
             read = trace_format.read(path)
-            spans.extend(read.spans)
+            if spans:
+                spans.extend(read.spans)
+            else:  # the first trace file: its list as it is (no copy of a million spans)
+                spans = read.spans
             data.warnings.extend(read.warnings)
             if (trace_format.kind, trace_format.reader) not in formats:
                 formats.append((trace_format.kind, trace_format.reader))
@@ -172,8 +175,11 @@ def _add_traces(spans: list[Span], formats: list[tuple[str, str]], data: Capture
     data.headers.append({"source": formats[0][0], "collectors": [module.replace("_", "-") for _, module in formats],
                          "instances": {str(n): about for n, about in events.instances.items()}})  # fmt: skip
     data.requests.extend(events.requests)
-    for rid, segments in events.segments_by_request.items():
-        data.segments_by_request.setdefault(rid, []).extend(segments)
+    if data.segments_by_request:
+        for rid, segments in events.segments_by_request.items():
+            data.segments_by_request.setdefault(rid, []).extend(segments)
+    else:  # only trace files were read: their requests' lists as they are
+        data.segments_by_request = events.segments_by_request
     data.segment_count += events.segment_count
     data.warnings.extend(events.warnings)
 
