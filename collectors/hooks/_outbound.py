@@ -5,6 +5,12 @@ an `Exchange` (or, for httpx's usual call, `plain_call`/`plain_done`): a `tool` 
 "HTTP GET host", or, for a path in `LLM_PATHS`, an LLM call (`_llm`) read from the bytes the
 caller reads: server-sent events or a JSON body. The model is described in
 `collectors/hooks/httpx.py`; errors are counted for the hook that saw the call.
+
+What this code costs the service is timed as stretches of hook code (`runtime.cost_begin`),
+which must not nest: `Exchange.seen` (per chunk) and `Exchange.finish` are stretches of their
+own, called by the hooks where none is open; everything else here (`begin`, `nest`, `unnest`,
+`plain_call`, `plain_done`, `Exchange(...)`, `Exchange.responded`) is timed by the hook that
+calls it, inside the stretches of its wrapper, and calls `_finish` (`finish`, untimed).
 """
 
 from __future__ import annotations
@@ -209,14 +215,14 @@ class Exchange(_llm.LlmCall):
                         self.answer = [content]  # _answered keeps at most MAX_SCAN_BYTES of it
                     self._record_tool(now, None)
                 else:
-                    self.finish(end_ns=now)
+                    self._finish(end_ns=now)
                 return
             if self.llm is not None:
                 self.prepare(response.headers)
             response.stream = watch(response.stream, self)
         except Exception as exc:
             runtime.count_error(self.hook, exc)
-            self.finish()
+            self._finish()
 
     def prepare(self, headers: Any) -> None:
         """How to read what the caller reads: SSE events or a JSON body, through which decoder."""
@@ -231,30 +237,34 @@ class Exchange(_llm.LlmCall):
             self.body = []
 
     def seen(self, chunk: bytes) -> None:
-        """The caller read `chunk` (raw bytes) of the body."""
-        now = _now()
-        self.last_ns = now
-        answer = self.answer
-        if answer is not None and self.answer_size < _tools.MAX_SCAN_BYTES:
-            answer.append(chunk)
-            self.answer_size += len(chunk)
-        if not (self.sse or self.body is not None):
-            return
+        """The caller read `chunk` (raw bytes) of the body. A stretch of hook code of its own."""
+        timing = runtime.cost_begin()
         try:
-            if self.decoder is not None:
-                chunk = self.decoder.decompress(chunk)
-            if self.sse:
-                self._feed(chunk, now)
-            elif self.body is not None:
-                self.body_size += len(chunk)
-                if self.body_size > MAX_BODY_BYTES:
-                    self.body = None
-                else:
-                    self.body.append(chunk)
-        except Exception as exc:
-            runtime.count_error(self.hook, exc)
-            self.sse = False
-            self.decoder = self.body = None
+            now = _now()
+            self.last_ns = now
+            answer = self.answer
+            if answer is not None and self.answer_size < _tools.MAX_SCAN_BYTES:
+                answer.append(chunk)
+                self.answer_size += len(chunk)
+            if not (self.sse or self.body is not None):
+                return
+            try:
+                if self.decoder is not None:
+                    chunk = self.decoder.decompress(chunk)
+                if self.sse:
+                    self._feed(chunk, now)
+                elif self.body is not None:
+                    self.body_size += len(chunk)
+                    if self.body_size > MAX_BODY_BYTES:
+                        self.body = None
+                    else:
+                        self.body.append(chunk)
+            except Exception as exc:
+                runtime.count_error(self.hook, exc)
+                self.sse = False
+                self.decoder = self.body = None
+        finally:
+            runtime.cost_end(timing)
 
     def failed(self, error: BaseException) -> None:
         self.last_ns = _now()
@@ -266,9 +276,25 @@ class Exchange(_llm.LlmCall):
     ) -> None:
         """Record the call's segments: at now (or `end_ns`), or at the last chunk read when `abandoned`.
 
-        `collected`: called by the garbage collector, which may run while this thread holds
-        the runtime's error lock: an error is then dropped, not counted.
+        A stretch of hook code of its own (`_finish` inside one), except when `collected`: called
+        by the garbage collector, which may run inside another stretch, and while this thread
+        holds the runtime's error lock: an error is then dropped, not counted.
         """
+        if self.done:
+            return
+        if collected:
+            self._finish(error, abandoned=abandoned, collected=True, end_ns=end_ns)
+            return
+        timing = runtime.cost_begin()
+        try:
+            self._finish(error, abandoned=abandoned, end_ns=end_ns)
+        finally:
+            runtime.cost_end(timing)
+
+    def _finish(
+        self, error: BaseException | None = None, *, abandoned: bool = False, collected: bool = False, end_ns: int = 0
+    ) -> None:
+        """`finish`, untimed: inside a stretch of hook code (the caller's)."""
         if self.done:
             return
         self.done = True
@@ -444,7 +470,8 @@ def _depends_on(state: runtime.RequestState, url: Any, request: Any) -> str | No
 
 
 def begin(request: Any, hook: str) -> Exchange | None:
-    """A call `hook` saw to record, or None outside a request, inside an SDK call, or when the hook fails."""
+    """A call `hook` saw to record, or None outside a request, inside an SDK call, or when the hook fails.
+    Untimed: the caller's stretch of hook code (as for `nest`, `unnest`, `plain_call`, `plain_done`)."""
     state = _request_var.get()
     if state is None or runtime._writer is None or _in_sdk_call.get():
         return None

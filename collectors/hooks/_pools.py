@@ -8,7 +8,10 @@ what is the same for the pool hooks lives here:
   the 100 ms gauge limiter and the last reading), which each hook extends with its own slots;
 - `emit_gauges`: one reading of a pool's gauges, emitted when it changed;
 - `statement_attrs`: the attributes of a `db.query` segment;
-- the hot paths' shortcuts into `runtime` (its context variables' `get`, the clock, `record`).
+- the hot paths' shortcuts into `runtime` (its context variables' `get`, the clock, `record`,
+  and `cost_begin` / `cost_end`, which mark a hook's own code around the service's calls as
+  stretches of hook code: `runtime`, "what the hooks cost"; psycopg_pool's so far). The
+  helpers here are never stretches of their own: a hook calls them inside its.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ request_get = runtime._request.get
 parent_get = runtime._parent.get
 now_ns = runtime.now_ns
 record = runtime.record
+cost_begin = runtime.cost_begin
+cost_end = runtime.cost_end
 ROOT = runtime.ROOT
 
 

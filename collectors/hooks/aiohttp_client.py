@@ -83,23 +83,33 @@ def _patch_client(module: Any) -> None:
 
     async def _request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
         exchange = None
+        timing = 0  # the hook's own code before the call and after it: stretches of hook code (runtime.cost_begin)
         if runtime.current_request() is not None:
+            timing = runtime.cost_begin()
             try:
                 url = self._build_url(str_or_url) if hasattr(self, "_build_url") else URL(str_or_url)
                 exchange = _outbound.begin(_Request(str(method).upper(), url, kwargs.get("data")), HOOK)
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
         if exchange is None:
+            runtime.cost_end(timing)
             return await original_request(self, method, str_or_url, **kwargs)
         nesting = _outbound.nest(exchange)
+        runtime.cost_end(timing)
         try:
             resp = await original_request(self, method, str_or_url, **kwargs)
         except BaseException as exc:
-            exchange.finish(exc)
+            try:
+                exchange.finish(exc)  # a stretch of its own (the unnest after it, on this path only, is not timed)
+            finally:
+                _outbound.unnest(nesting, HOOK)
             raise
-        finally:
+        timing = runtime.cost_begin()
+        try:
             _outbound.unnest(nesting, HOOK)
-        _responded(exchange, resp)
+            _responded(exchange, resp)
+        finally:
+            runtime.cost_end(timing)
         return resp
 
     _patch(session, "_request", _request)
@@ -111,14 +121,15 @@ def _patch_client(module: Any) -> None:
 
 
 def _responded(exchange: Any, resp: Any) -> None:
-    """Headers arrived: note the status, how to read the body, and watch the body's bytes."""
+    """Headers arrived: note the status, how to read the body, and watch the body's bytes.
+    Untimed: inside the caller's stretch of hook code (so `_finish`, not `finish`)."""
     try:
         exchange.last_ns = runtime.now_ns()
         exchange.status = resp.status
         content = getattr(resp, "content", None)
         if getattr(content, "is_eof", lambda: True)() or getattr(resp, "closed", False):
             exchange.ended = True
-            exchange.finish()
+            exchange._finish()
             return
         if exchange.llm is not None:
             exchange.prepare(resp.headers)
@@ -126,7 +137,7 @@ def _responded(exchange: Any, resp: Any) -> None:
         _watched[id(content)] = exchange
     except Exception as exc:
         runtime.count_error(HOOK, exc)
-        exchange.finish()
+        exchange._finish()
 
 
 def _ending(original: Any, *, abandoned: bool) -> Any:

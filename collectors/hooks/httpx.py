@@ -265,7 +265,9 @@ def _read_gauges(pool: Any, state: _PoolState, *, waiting: bool) -> None:
 
 
 def _entered(pool: Any, request: Any, family: _Family) -> None:
-    """A request entered `pool` inside a request: note the pool on it (for its wait), maybe read the gauges."""
+    """A request entered `pool` inside a request: note the pool on it (for its wait), maybe read the gauges.
+    A stretch of hook code."""
+    timing = runtime.cost_begin()
     try:
         request._latprof_pool = pool  # _POOL_ATTR: the same object the pool's PoolRequest waits with
         state: _PoolState | None = pool.__dict__.get(_STATE_ATTR)
@@ -275,11 +277,14 @@ def _entered(pool: Any, request: Any, family: _Family) -> None:
             _read_gauges(pool, state, waiting=False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
+    finally:
+        runtime.cost_end(timing)
 
 
 def _sync_handle_request(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
     def handle_request(self: Any, request: Any) -> Any:
         if _request_var.get() is not None and runtime._writer is not None:
+            timing = runtime.cost_begin()
             try:  # _entered, inlined
                 request._latprof_pool = self
                 state = self.__dict__.get(_STATE_ATTR)
@@ -287,6 +292,8 @@ def _sync_handle_request(original: Callable[..., Any], family: _Family) -> Calla
                     _read_gauges(self, state or _pool_state(self, family), waiting=False)
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
+            finally:
+                runtime.cost_end(timing)
         return original(self, request)
 
     return handle_request
@@ -334,17 +341,27 @@ def _begin_wait(pool_request: Any, family: _Family) -> _Wait | None:
         pool = getattr(pool_request.request, _POOL_ATTR, None)  # set by handle_request inside a request
         if pool is None or _request_var.get() is None:  # outside a request
             return None
-        return _Wait(pool_request, pool, family)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
         return None
+    timing = runtime.cost_begin()
+    try:
+        return _Wait(pool_request, pool, family)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+    finally:
+        runtime.cost_end(timing)
+    return None
 
 
 def _end_wait(wait: _Wait, error: BaseException | None) -> None:
+    timing = runtime.cost_begin()
     try:
         wait.end(error)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
+    finally:
+        runtime.cost_end(timing)
 
 
 def _sync_wait_for_connection(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
@@ -388,47 +405,75 @@ def _sync_send(original: Callable[..., Any], family: _Family) -> Callable[..., A
         state = _request_var.get()  # _outbound.begin, inlined
         if state is None or runtime._writer is None or _in_sdk_call.get():
             return original(self, request, *args, **kwargs)
+        # The hook's own code before the call and after it: stretches of hook code (runtime.cost_begin).
+        timing = runtime.cost_begin()
         try:
             plain = _plain_call(state, request, kwargs)
             exchange = Exchange(state, request, HOOK) if plain is None else None
         except Exception as exc:
             runtime.count_error(HOOK, exc)
+            runtime.cost_end(timing)
             return original(self, request, *args, **kwargs)
         if plain is not None:  # the usual call, without an Exchange
             start = _now()
             token = _parent_var.set(plain[3])  # the pool wait of this call is its child
+            runtime.cost_end(timing)
             try:
                 response = original(self, request, *args, **kwargs)
             except BaseException as exc:
-                _plain_done(state, plain, start, request, None, exc, None, HOOK)
+                timing = runtime.cost_begin()
+                try:
+                    _plain_done(state, plain, start, request, None, exc, None, HOOK)
+                finally:
+                    try:
+                        _parent_var.reset(token)
+                    except ValueError:  # left from another context
+                        pass
+                    runtime.cost_end(timing)
                 raise
-            finally:
+            timing = runtime.cost_begin()
+            try:
                 try:
                     _parent_var.reset(token)
                 except ValueError:  # left from another context
                     pass
-            _plain_done(state, plain, start, request, response, None, family.sync_watch, HOOK)
+                _plain_done(state, plain, start, request, response, None, family.sync_watch, HOOK)
+            finally:
+                runtime.cost_end(timing)
             return response
         assert exchange is not None
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
+        sent_kwargs = {**kwargs, "stream": True} if read_here else kwargs
         token = _parent_var.set(exchange.segment_id)  # _outbound.nest: the pool wait of this call is its child
+        runtime.cost_end(timing)
         try:
-            response = original(self, request, *args, **({**kwargs, "stream": True} if read_here else kwargs))
+            response = original(self, request, *args, **sent_kwargs)
         except BaseException as exc:
-            exchange.finish(exc)
+            timing = runtime.cost_begin()
+            try:
+                exchange._finish(exc)
+            finally:
+                try:  # _outbound.unnest
+                    _parent_var.reset(token)
+                except ValueError:  # left from another context
+                    pass
+                runtime.cost_end(timing)
             raise
-        finally:
+        timing = runtime.cost_begin()
+        try:
             try:  # _outbound.unnest
                 _parent_var.reset(token)
             except ValueError:  # left from another context
                 pass
-        exchange.responded(response, family.sync_watch)
+            exchange.responded(response, family.sync_watch)
+        finally:
+            runtime.cost_end(timing)
         if read_here:  # what send(stream=False) does, now that the stream is watched
             try:
                 response.read()
             except BaseException as exc:
                 response.close()
-                exchange.finish(exc)
+                exchange.finish(exc)  # a stretch of its own
                 raise
         return response
 
@@ -440,47 +485,75 @@ def _async_send(original: Callable[..., Any], family: _Family) -> Callable[..., 
         state = _request_var.get()  # _outbound.begin, inlined
         if state is None or runtime._writer is None or _in_sdk_call.get():
             return await original(self, request, *args, **kwargs)
+        # The hook's own code before the call and after it: stretches of hook code (runtime.cost_begin).
+        timing = runtime.cost_begin()
         try:
             plain = _plain_call(state, request, kwargs)
             exchange = Exchange(state, request, HOOK) if plain is None else None
         except Exception as exc:
             runtime.count_error(HOOK, exc)
+            runtime.cost_end(timing)
             return await original(self, request, *args, **kwargs)
         if plain is not None:  # the usual call, without an Exchange
             start = _now()
             token = _parent_var.set(plain[3])
+            runtime.cost_end(timing)
             try:
                 response = await original(self, request, *args, **kwargs)
             except BaseException as exc:
-                _plain_done(state, plain, start, request, None, exc, None, HOOK)
+                timing = runtime.cost_begin()
+                try:
+                    _plain_done(state, plain, start, request, None, exc, None, HOOK)
+                finally:
+                    try:
+                        _parent_var.reset(token)
+                    except ValueError:  # left from another context
+                        pass
+                    runtime.cost_end(timing)
                 raise
-            finally:
+            timing = runtime.cost_begin()
+            try:
                 try:
                     _parent_var.reset(token)
                 except ValueError:  # left from another context
                     pass
-            _plain_done(state, plain, start, request, response, None, family.async_watch, HOOK)
+                _plain_done(state, plain, start, request, response, None, family.async_watch, HOOK)
+            finally:
+                runtime.cost_end(timing)
             return response
         assert exchange is not None
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
+        sent_kwargs = {**kwargs, "stream": True} if read_here else kwargs
         token = _parent_var.set(exchange.segment_id)  # _outbound.nest: the pool wait of this call is its child
+        runtime.cost_end(timing)
         try:
-            response = await original(self, request, *args, **({**kwargs, "stream": True} if read_here else kwargs))
+            response = await original(self, request, *args, **sent_kwargs)
         except BaseException as exc:
-            exchange.finish(exc)
+            timing = runtime.cost_begin()
+            try:
+                exchange._finish(exc)
+            finally:
+                try:  # _outbound.unnest
+                    _parent_var.reset(token)
+                except ValueError:  # left from another context
+                    pass
+                runtime.cost_end(timing)
             raise
-        finally:
+        timing = runtime.cost_begin()
+        try:
             try:  # _outbound.unnest
                 _parent_var.reset(token)
             except ValueError:  # left from another context
                 pass
-        exchange.responded(response, family.async_watch)
+            exchange.responded(response, family.async_watch)
+        finally:
+            runtime.cost_end(timing)
         if read_here:
             try:
                 await response.aread()
             except BaseException as exc:
                 await response.aclose()
-                exchange.finish(exc)
+                exchange.finish(exc)  # a stretch of its own
                 raise
         return response
 

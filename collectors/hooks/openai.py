@@ -185,11 +185,13 @@ class _Call(_llm.LlmCall):
         """Record the call's segments: at now, or at the last chunk read when `abandoned`.
 
         `collected`: called by the garbage collector, which may run while this thread holds
-        the runtime's error lock: an error is then dropped, not counted.
+        the runtime's error lock: an error is then dropped, not counted. Nor is it timed as a
+        stretch of the hook's code: the collector may run inside another stretch.
         """
         if self.done:
             return
         self.done = True
+        timing = 0 if collected else runtime.cost_begin()
         try:
             end = self.last_ns if abandoned else _now()
             # TTFT is measured when a token came, or when the stream ran to its end without one.
@@ -215,25 +217,33 @@ class _Call(_llm.LlmCall):
         except Exception as exc:
             if not collected:
                 runtime.count_error(HOOK, exc)
+        finally:
+            runtime.cost_end(timing)
 
     def returned(self, result: Any) -> Any:
         """`create` returned `result` (given back unchanged): watch the stream, or finish now."""
+        finish = False
+        timing = runtime.cost_begin()  # its own part; `finish` is a stretch of its own, after it
         try:
             self.last_ns = _now()
             if not self.stream:
                 self._read_result(result)
-                self.finish()
+                finish = True
             elif isinstance(result, _stream_classes):
                 _watch(result, self)
             else:
                 response = getattr(result, "http_response", None)  # with_raw_response / with_streaming_response
                 if response is None:
-                    self.finish()
+                    finish = True
                 else:
                     _raw_pending[response] = self
                     weakref.finalize(response, self.finish, abandoned=True, collected=True)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
+            finish = True
+        finally:
+            runtime.cost_end(timing)
+        if finish:
             self.finish()
         return result
 
@@ -266,40 +276,51 @@ def _begin(resource: Any, kwargs: dict[str, Any], observe: Callable[[_Call, Any]
     state = runtime.current_request()
     if state is None or not runtime.active() or _in_call.get() or not scaffold.installed:
         return None
+    timing = runtime.cost_begin()
     try:
         return _Call(state, kwargs, resource, observe)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
         return None
+    finally:
+        runtime.cost_end(timing)
 
 
 def _enter(call: _Call) -> tuple[Any, Any, Any]:
     """Nest what happens inside the call (retries, HTTP) under its provider segment and span."""
-    parent = runtime.nested_under(call.provider_id)
-    parent.__enter__()
-    in_call = _in_call.set(True)
-    otel = None
-    if call.span is not None:
-        try:
-            trace, context, _ = _otel
-            otel = context.attach(trace.set_span_in_context(call.span))
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
-    return parent, in_call, otel
+    timing = runtime.cost_begin()
+    try:
+        parent = runtime.nested_under(call.provider_id)
+        parent.__enter__()
+        in_call = _in_call.set(True)
+        otel = None
+        if call.span is not None:
+            try:
+                trace, context, _ = _otel
+                otel = context.attach(trace.set_span_in_context(call.span))
+            except Exception as exc:
+                runtime.count_error(HOOK, exc)
+        return parent, in_call, otel
+    finally:
+        runtime.cost_end(timing)
 
 
 def _leave(tokens: tuple[Any, Any, Any]) -> None:
+    timing = runtime.cost_begin()
     parent, in_call, otel = tokens
     try:
-        parent.__exit__(None, None, None)
-        _in_call.reset(in_call)
-    except Exception:  # reset from another context: leave it
-        pass
-    if otel is not None:
         try:
-            _otel[1].detach(otel)
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
+            parent.__exit__(None, None, None)
+            _in_call.reset(in_call)
+        except Exception:  # reset from another context: leave it
+            pass
+        if otel is not None:
+            try:
+                _otel[1].detach(otel)
+            except Exception as exc:
+                runtime.count_error(HOOK, exc)
+    finally:
+        runtime.cost_end(timing)
 
 
 def _sync_call(original: Callable[..., Any], observe: Callable[[_Call, Any], None]) -> Callable[..., Any]:
@@ -407,10 +428,13 @@ class _ChunkWatcher:
         self._call = call
 
     def _seen(self, item: Any) -> Any:
+        timing = runtime.cost_begin()  # per chunk: the call's stretch of hook code, after the inner generator's
         try:
             self._call.observe(self._call, item)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
+        finally:
+            runtime.cost_end(timing)
         return item
 
     def __getattr__(self, name: str) -> Any:  # send/asend, throw/athrow, gi_frame, ... of the generator

@@ -47,6 +47,8 @@ from typing import Any, Callable
 from latprof import semconv
 from latprof.collectors.hooks import _pools, _scaffold, runtime
 from latprof.collectors.hooks._pools import ROOT as _ROOT
+from latprof.collectors.hooks._pools import cost_begin as _cost_begin
+from latprof.collectors.hooks._pools import cost_end as _cost_end
 from latprof.collectors.hooks._pools import now_ns as _now
 from latprof.collectors.hooks._pools import parent_get as _current_parent
 from latprof.collectors.hooks._pools import record as _record
@@ -197,6 +199,7 @@ def _wrap_getconn(original: Callable[..., Any]) -> Callable[..., Any]:
         async def agetconn(self: Any, *args: Any, **kwargs: Any) -> Any:
             if runtime._writer is None or _busy_get() is _IN_CHECKOUT:
                 return await original(self, *args, **kwargs)  # not recording, or a checkout within one
+            timing = _cost_begin()  # the hook's own code before the checkout: a stretch of hook code
             try:
                 state = self.__dict__.get(_STATE_ATTR) or _pool_state(self)
                 start = _now()
@@ -205,8 +208,10 @@ def _wrap_getconn(original: Callable[..., Any]) -> Callable[..., Any]:
                 token = _busy_set(_IN_CHECKOUT)
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
+                _cost_end(timing)
                 return await original(self, *args, **kwargs)
             request = _current_request()
+            _cost_end(timing)
             try:
                 conn = await original(self, *args, **kwargs)
             except BaseException as exc:
@@ -221,6 +226,7 @@ def _wrap_getconn(original: Callable[..., Any]) -> Callable[..., Any]:
     def getconn(self: Any, *args: Any, **kwargs: Any) -> Any:
         if runtime._writer is None or _busy_get() is _IN_CHECKOUT:
             return original(self, *args, **kwargs)  # not recording, or a checkout within one
+        timing = _cost_begin()  # the hook's own code before the checkout: a stretch of hook code
         try:
             state = self.__dict__.get(_STATE_ATTR) or _pool_state(self)
             start = _now()
@@ -229,8 +235,10 @@ def _wrap_getconn(original: Callable[..., Any]) -> Callable[..., Any]:
             token = _busy_set(_IN_CHECKOUT)
         except Exception as exc:
             runtime.count_error(HOOK, exc)
+            _cost_end(timing)
             return original(self, *args, **kwargs)
         request = _current_request()
+        _cost_end(timing)
         try:
             conn = original(self, *args, **kwargs)
         except BaseException as exc:
@@ -251,56 +259,62 @@ def _end_checkout(
     conn: Any,
     error: BaseException | None,
 ) -> None:
+    """The checkout ended (with `conn`, or `error`): record it, maybe read the gauges; begin the hold.
+    A stretch of hook code."""
     end = _now()
-    try:  # the re-entry guard first: it must never stay set
+    timing = _cost_begin()
+    try:
+        try:  # the re-entry guard first: it must never stay set
+            try:
+                _busy_reset(token)
+            except ValueError:  # not the context it was set in
+                _busy_set(None)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+        elapsed = end - start
+        connect_ns: int | None = None
         try:
-            _busy_reset(token)
-        except ValueError:  # not the context it was set in
-            _busy_set(None)
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
-    elapsed = end - start
-    connect_ns: int | None = None
-    try:
-        waited = False
-        if conn is not None:
-            opened = getattr(conn, _CONNECTED_ATTR, None)
-            if opened is not None and opened[1] > start:  # opened while this caller waited
-                connect_ns = max(0, min(end, opened[1]) - max(start, opened[0]))
-                waited = elapsed - connect_ns >= WAITED_NS
-            else:
-                waited = elapsed >= WAITED_NS
-        # waited: how the pool looked while it waited, at most every 10 ms
-        if (
-            end >= (state.gauged_at_ns + WAITED_GAUGE_INTERVAL_NS if waited else state.gauge_due_ns)
-            or end < state.gauged_at_ns
-        ):
-            _read_gauges(pool, state, end, waited)
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
-    try:
-        histogram = _wait_histogram
-        # (a proxy with no SDK behind it records nothing: skip its call)
-        if histogram is not None and getattr(histogram, "_real_instrument", True) is not None:
-            histogram.record(elapsed / 1e9, state.pool_attrs)
-        if request is not None:
-            attrs = state.attrs
-            if connect_ns is not None or error is not None:
-                attrs = dict(attrs)
-                if connect_ns is not None:
-                    attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
-                if error is not None:
-                    attrs[ERROR_TYPE] = type(error).__qualname__
-            _record(SEGMENT_CHECKOUT, DB_POOL, start, end, attrs, state=request, copy_attrs=False)
-        if conn is not None:  # the hold begins
-            if request is None or _sqlalchemy_busy():
-                # Outside a request nothing is held; under SQLAlchemy's checkout its hook marks the hold.
-                if getattr(conn, _HOLD_ATTR, None) is not None:
-                    conn._latprof_hold = None  # left by a connection returned while not recording
-            else:
-                conn._latprof_hold = (end, request, _current_parent(), state)
-    except Exception as exc:
-        runtime.count_error(HOOK, exc)
+            waited = False
+            if conn is not None:
+                opened = getattr(conn, _CONNECTED_ATTR, None)
+                if opened is not None and opened[1] > start:  # opened while this caller waited
+                    connect_ns = max(0, min(end, opened[1]) - max(start, opened[0]))
+                    waited = elapsed - connect_ns >= WAITED_NS
+                else:
+                    waited = elapsed >= WAITED_NS
+            # waited: how the pool looked while it waited, at most every 10 ms
+            if (
+                end >= (state.gauged_at_ns + WAITED_GAUGE_INTERVAL_NS if waited else state.gauge_due_ns)
+                or end < state.gauged_at_ns
+            ):
+                _read_gauges(pool, state, end, waited)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+        try:
+            histogram = _wait_histogram
+            # (a proxy with no SDK behind it records nothing: skip its call)
+            if histogram is not None and getattr(histogram, "_real_instrument", True) is not None:
+                histogram.record(elapsed / 1e9, state.pool_attrs)
+            if request is not None:
+                attrs = state.attrs
+                if connect_ns is not None or error is not None:
+                    attrs = dict(attrs)
+                    if connect_ns is not None:
+                        attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
+                    if error is not None:
+                        attrs[ERROR_TYPE] = type(error).__qualname__
+                _record(SEGMENT_CHECKOUT, DB_POOL, start, end, attrs, state=request, copy_attrs=False)
+            if conn is not None:  # the hold begins
+                if request is None or _sqlalchemy_busy():
+                    # Outside a request nothing is held; under SQLAlchemy's checkout its hook marks the hold.
+                    if getattr(conn, _HOLD_ATTR, None) is not None:
+                        conn._latprof_hold = None  # left by a connection returned while not recording
+                else:
+                    conn._latprof_hold = (end, request, _current_parent(), state)
+        except Exception as exc:
+            runtime.count_error(HOOK, exc)
+    finally:
+        _cost_end(timing)
 
 
 def _wrap_connect(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -350,6 +364,7 @@ def _wrap_putconn(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def putconn(self: Any, conn: Any, *args: Any, **kwargs: Any) -> Any:
         if runtime._writer is not None:  # _returning(self, conn), inline: this runs on every return
+            timing = _cost_begin()
             try:
                 if getattr(conn, "_pool", None) is self:  # else not this pool's: the library raises
                     end = _now()
@@ -372,13 +387,17 @@ def _wrap_putconn(original: Callable[..., Any]) -> Callable[..., Any]:
                         _read_gauges(self, state, end, False)
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
+            finally:
+                _cost_end(timing)
         return original(self, conn, *args, **kwargs)
 
     return putconn
 
 
 def _returning(pool: Any, conn: Any) -> None:
-    """A connection is being returned: end its hold, read the gauges (while others still wait for it)."""
+    """A connection is being returned: end its hold, read the gauges (while others still wait for it).
+    A stretch of hook code."""
+    timing = _cost_begin()
     try:
         if getattr(conn, "_pool", None) is not pool:
             return  # not this pool's: the library raises, nothing was held
@@ -402,6 +421,8 @@ def _returning(pool: Any, conn: Any) -> None:
             _read_gauges(pool, state, end, False)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
+    finally:
+        _cost_end(timing)
 
 
 # --- gauges -----------------------------------------------------------------------------------
@@ -443,10 +464,15 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         async def aexecute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
             request = _current_request()
-            if request is None or runtime._writer is None or _busy_get() is not None or not _pooled(self):
+            if request is None or runtime._writer is None or _busy_get() is not None:
+                return await original(self, query, *args, **kwargs)
+            timing = _cost_begin()  # the hook's own code before the statement: a stretch of hook code
+            if not _pooled(self):
+                _cost_end(timing)
                 return await original(self, query, *args, **kwargs)
             start = _now()
             token = _busy_set(_IN_STATEMENT)
+            _cost_end(timing)
             try:
                 result = await original(self, query, *args, **kwargs)
             except BaseException as exc:
@@ -460,10 +486,15 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         request = _current_request()
-        if request is None or runtime._writer is None or _busy_get() is not None or not _pooled(self):
+        if request is None or runtime._writer is None or _busy_get() is not None:
+            return original(self, query, *args, **kwargs)
+        timing = _cost_begin()  # the hook's own code before the statement: a stretch of hook code
+        if not _pooled(self):
+            _cost_end(timing)
             return original(self, query, *args, **kwargs)
         start = _now()
         token = _busy_set(_IN_STATEMENT)
+        _cost_end(timing)
         try:
             result = original(self, query, *args, **kwargs)
         except BaseException as exc:
@@ -494,6 +525,7 @@ def _end_statement(
     cursor: Any, query: Any, request: runtime.RequestState, start: int, token: contextvars.Token[str | None], error: BaseException | None
 ) -> None:
     end = _now()
+    timing = _cost_begin()  # a stretch of hook code
     try:
         try:
             _busy_reset(token)
@@ -518,6 +550,8 @@ def _end_statement(
         runtime.saw(HOOK)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
+    finally:
+        _cost_end(timing)
 
 
 def _statement_text(query: Any, cursor: Any) -> str:

@@ -114,7 +114,10 @@ def _reset_ids() -> None:
 #   `end_request`, `record`, `gauge`) and the stretches of hook code marked with `cost_begin` /
 #   `cost_end` (the inbound hooks' per-request bookkeeping with the sampler's decision and
 #   TCP_INFO, closing a request, the event-loop probe's tick, reading the loop thread's CPU clock
-#   after a long step). About 1 in COST_TIMING_STRIDE of these calls is timed with
+#   after a long step; the outbound hooks' bookkeeping before and after each call they wrap and
+#   per chunk read: the openai hook's calls and stream chunks, the httpx and aiohttp_client
+#   hooks' calls, pool notes and waits and body chunks, the psycopg_pool hook's checkouts,
+#   returns and statements). About 1 in COST_TIMING_STRIDE of these calls is timed with
 #   `perf_counter_ns` (the gap to the next timed call drawn at random from 1 to 2 * stride - 1, so
 #   no pattern of calls per request locks onto one phase), and the sum scaled by calls made /
 #   calls timed. While a stretch is timed, every recording call it makes times itself and is taken
@@ -124,11 +127,14 @@ def _reset_ids() -> None:
 #   otherwise count it 16 times over. What each call costs beyond that (about 50-90 ns: the
 #   counter) is not counted.
 # Not measured: the wrappers' per-call frames and per-step accounting (the asyncio coroutine
-# proxies, the task factory: cheaper than the timing would be), the outbound hooks' code around
-# their recording calls, and the cost in no code of latprof's (the service's own code running
-# slower beside it: caches, more garbage collection). A sampler of the service threads' frames
-# from a thread of latprof's was tried and dropped: it only gets the GIL where a thread
-# releases it, which under uvloop is the loop's poll, never inside the hooks.
+# proxies, the task factory: cheaper than the timing would be), the sqlalchemy, asyncpg and
+# redis hooks' code around their recording calls, the few lines of an outbound wrapper outside
+# its stretches (its check for an open request, an error path's unnest), what runs from the
+# garbage collector (a stream dropped unread ends its call there: the collector may run inside
+# another stretch, and stretches must not nest), and the cost in no code of latprof's (the
+# service's own code running slower beside it: caches, more garbage collection). A sampler of
+# the service threads' frames from a thread of latprof's was tried and dropped: it only gets the
+# GIL where a thread releases it, which under uvloop is the loop's poll, never inside the hooks.
 # `benchmarks/bench_reported_overhead.py` measures how much of the side-by-side cost this catches.
 
 #: About 1 in this many calls of the recording functions is timed.
@@ -261,8 +267,11 @@ def cost() -> dict[str, Any]:
 
     - `writer_cpu_ms`: CPU of the capture writer's flush thread, read from its clock (measured).
     - `hook_ms`: time in the hooks' own code on the service's threads (the recording functions
-      and the stretches `cost_begin` marks), estimated from the timed calls (`timed_calls` of
-      `recording_calls`) scaled by calls made / calls timed.
+      and the stretches `cost_begin` marks: the inbound hooks' per-request bookkeeping, the
+      event-loop probe, and the outbound hooks' (openai, httpx, aiohttp_client, psycopg_pool)
+      bookkeeping around each call and per chunk read), estimated from the timed
+      calls (`timed_calls` of `recording_calls`, which counts both) scaled by calls made / calls
+      timed.
     - `cpu_percent`: the two together, as a percentage of one CPU core over the wall-clock time
       since recording began in this process; `process_cpu_percent` the same as a percentage
       of the CPU the process used meanwhile.
