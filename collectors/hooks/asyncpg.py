@@ -288,6 +288,7 @@ def _wrap_acquire(original: Callable[..., Any]) -> Callable[..., Any]:
     return _acquire
 
 
+@runtime.stretch
 def _begin_checkout(pool: Any) -> _Checkout | None:
     try:
         try:
@@ -329,6 +330,7 @@ def _begin_checkout(pool: Any) -> _Checkout | None:
     return checkout
 
 
+@runtime.stretch
 def _end_checkout(pool: Any, checkout: _Checkout, proxy: Any, error: BaseException | None) -> None:
     end = _now()
     state = checkout.state
@@ -409,40 +411,52 @@ def _wrap_holder_release(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_holder_returned(original: Callable[[Any], None]) -> Callable[[Any], None]:
     @functools.wraps(original)
     def _release(self: Any) -> None:
-        state: _PoolState | None = None
-        held = None
-        try:
-            try:
-                state = self._pool._queue._latprof_pool  # _STATE_ATTR
-            except AttributeError:  # no queue yet (None), or no acquire seen yet
-                state = _pool_state(self._pool)
-            if state is not None and state.holds:
-                held = state.holds.pop(self, None)
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
+        state, held = _hold_of(self)
         end = _now()
         original(self)
-        if state is None:
-            return
-        try:
-            if held is not None:
-                start, request, parent = held
-                _record(
-                    SEGMENT_CONNECTION_HOLD,
-                    None,
-                    start,
-                    end,
-                    state.pool_attrs,  # shared, never changed
-                    parent_id=parent,  # where the acquire happened, not under whatever runs the release
-                    state=request,
-                    copy_attrs=False,
-                )
-            if end >= state.gauge_due_ns or end < state.gauged_at_ns:  # gauges due
-                _read_gauges(self._pool, state, end)
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
+        if state is not None:
+            _hold_ended(self, state, held, end)
 
     return _release
+
+
+@runtime.stretch
+def _hold_of(holder: Any) -> tuple[_PoolState | None, Any]:
+    """The pool state of the connection `holder` returns and its hold (None when this hook did not see it acquired)."""
+    state: _PoolState | None = None
+    held = None
+    try:
+        try:
+            state = holder._pool._queue._latprof_pool  # _STATE_ATTR
+        except AttributeError:  # no queue yet (None), or no acquire seen yet
+            state = _pool_state(holder._pool)
+        if state is not None and state.holds:
+            held = state.holds.pop(holder, None)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+    return state, held
+
+
+@runtime.stretch
+def _hold_ended(holder: Any, state: _PoolState, held: Any, end: int) -> None:
+    """The connection went back at `end`: record its hold, read the pool's gauges when due."""
+    try:
+        if held is not None:
+            start, request, parent = held
+            _record(
+                SEGMENT_CONNECTION_HOLD,
+                None,
+                start,
+                end,
+                state.pool_attrs,  # shared, never changed
+                parent_id=parent,  # where the acquire happened, not under whatever runs the release
+                state=request,
+                copy_attrs=False,
+            )
+        if end >= state.gauge_due_ns or end < state.gauged_at_ns:  # gauges due
+            _read_gauges(holder._pool, state, end)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
 
 
 # --- gauges -----------------------------------------------------------------------------------
@@ -555,6 +569,7 @@ def _wrap_statement(
     return timed
 
 
+@runtime.stretch
 def _end_statement(
     start: int,
     request: runtime.RequestState,

@@ -510,6 +510,7 @@ def _wrap_async_get_connection(original: Callable[..., Any], redis_records_wait:
     return get_connection
 
 
+@runtime.stretch
 def _begin_checkout(pool: Any, redis_records_wait: bool, command: list[Any] | None) -> _Checkout | None:
     try:
         try:
@@ -548,6 +549,7 @@ def _begin_checkout(pool: Any, redis_records_wait: bool, command: list[Any] | No
     return checkout
 
 
+@runtime.stretch
 def _end_checkout(pool: Any, checkout: _Checkout, connection: Any, error: BaseException | None) -> None:
     end = _now()
     state = checkout.state
@@ -711,34 +713,9 @@ def _wrap_release(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def release(self: Any, connection: Any, *args: Any, **kwargs: Any) -> Any:
         now = _now()
-        try:
-            try:
-                held = connection._latprof_redis_hold  # _HOLD_ATTR
-                if held is not None:
-                    connection._latprof_redis_hold = None
-            except AttributeError:  # never checked out by this hook, or a connection class without a __dict__
-                held = _holds.pop(connection, None)
-            if held is not None:
-                start, request, parent, attrs = held
-                _record(
-                    SEGMENT_CONNECTION_HOLD,
-                    None,
-                    start,
-                    now,
-                    attrs,
-                    parent_id=parent,  # where the checkout happened, not under whatever runs the release
-                    state=request,
-                    copy_attrs=False,
-                )
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
+        _end_hold(connection, now)
         result = original(self, connection, *args, **kwargs) if args or kwargs else original(self, connection)
-        try:
-            state = self._latprof_redis_pool  # _STATE_ATTR
-        except AttributeError:  # no checkout seen yet
-            state = None
-        if state is not None and (now >= state.gauge_due_ns or now < state.gauged_at_ns):  # gauges due
-            _read_gauges(self, state, now)  # (guarded)
+        _released(self, now)
         return result
 
     return release
@@ -748,37 +725,49 @@ def _wrap_async_release(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def release(self: Any, connection: Any, *args: Any, **kwargs: Any) -> Any:
         now = _now()
-        try:  # the asyncio BlockingConnectionPool's calls its base's: the hold ends once
-            try:
-                held = connection._latprof_redis_hold  # _HOLD_ATTR
-                if held is not None:
-                    connection._latprof_redis_hold = None
-            except AttributeError:  # never checked out by this hook, or a connection class without a __dict__
-                held = _holds.pop(connection, None)
-            if held is not None:
-                start, request, parent, attrs = held
-                _record(
-                    SEGMENT_CONNECTION_HOLD,
-                    None,
-                    start,
-                    now,
-                    attrs,
-                    parent_id=parent,
-                    state=request,
-                    copy_attrs=False,
-                )
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
+        _end_hold(connection, now)  # the asyncio BlockingConnectionPool's calls its base's: the hold ends once
         result = await (original(self, connection, *args, **kwargs) if args or kwargs else original(self, connection))
-        try:
-            state = self._latprof_redis_pool  # _STATE_ATTR
-        except AttributeError:  # no checkout seen yet
-            state = None
-        if state is not None and (now >= state.gauge_due_ns or now < state.gauged_at_ns):  # gauges due
-            _read_gauges(self, state, now)  # (guarded)
+        _released(self, now)
         return result
 
     return release
+
+
+@runtime.stretch
+def _end_hold(connection: Any, now: int) -> None:
+    """`connection` goes back to its pool at `now`: record its hold, if this hook saw it checked out."""
+    try:
+        try:
+            held = connection._latprof_redis_hold  # _HOLD_ATTR
+            if held is not None:
+                connection._latprof_redis_hold = None
+        except AttributeError:  # never checked out by this hook, or a connection class without a __dict__
+            held = _holds.pop(connection, None)
+        if held is not None:
+            start, request, parent, attrs = held
+            _record(
+                SEGMENT_CONNECTION_HOLD,
+                None,
+                start,
+                now,
+                attrs,
+                parent_id=parent,  # where the checkout happened, not under whatever runs the release
+                state=request,
+                copy_attrs=False,
+            )
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+
+
+@runtime.stretch
+def _released(pool: Any, now: int) -> None:
+    """A connection went back to `pool`: read its gauges when due."""
+    try:
+        state = pool._latprof_redis_pool  # _STATE_ATTR
+    except AttributeError:  # no checkout seen yet
+        state = None
+    if state is not None and (now >= state.gauge_due_ns or now < state.gauged_at_ns):  # gauges due
+        _read_gauges(pool, state, now)  # (guarded)
 
 
 # --- commands and pipelines -------------------------------------------------------------------
@@ -868,6 +857,7 @@ def _wrap_async_pipeline_execute(original: Callable[..., Any]) -> Callable[..., 
     return execute
 
 
+@runtime.stretch
 def _begin_pipeline(pipeline: Any) -> tuple[list[Any], contextvars.Token[list[Any] | None], str, int] | None:
     """(command cell, its token, PIPELINE or MULTI, batch size) of a pipeline about to run, or None."""
     request = _request_get()
@@ -888,6 +878,7 @@ def _begin_pipeline(pipeline: Any) -> tuple[list[Any], contextvars.Token[list[An
         return None
 
 
+@runtime.stretch
 def _end_command(
     command: list[Any],
     token: contextvars.Token[list[Any] | None],

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, ParamSpec, Sequence, TypeVar
 
 from latprof import semconv
 from latprof.events import NO_ATTRS, Event, Gauge, QualityRecord, Request, Segment
@@ -116,8 +117,9 @@ def _reset_ids() -> None:
 #   TCP_INFO, closing a request, the event-loop probe's tick, reading the loop thread's CPU clock
 #   after a long step; the outbound hooks' bookkeeping before and after each call they wrap and
 #   per chunk read: the openai hook's calls and stream chunks, the httpx and aiohttp_client
-#   hooks' calls, pool notes and waits and body chunks, the psycopg_pool hook's checkouts,
-#   returns and statements). About 1 in COST_TIMING_STRIDE of these calls is timed with
+#   hooks' calls, pool notes and waits and body chunks, the psycopg_pool, sqlalchemy, asyncpg
+#   and redis hooks' checkouts, returns and statements or commands; `stretch` makes a whole
+#   function of hook code one). About 1 in COST_TIMING_STRIDE of these calls is timed with
 #   `perf_counter_ns` (the gap to the next timed call drawn at random from 1 to 2 * stride - 1, so
 #   no pattern of calls per request locks onto one phase), and the sum scaled by calls made /
 #   calls timed. While a stretch is timed, every recording call it makes times itself and is taken
@@ -127,11 +129,11 @@ def _reset_ids() -> None:
 #   otherwise count it 16 times over. What each call costs beyond that (about 50-90 ns: the
 #   counter) is not counted.
 # Not measured: the wrappers' per-call frames and per-step accounting (the asyncio coroutine
-# proxies, the task factory: cheaper than the timing would be), the sqlalchemy, asyncpg and
-# redis hooks' code around their recording calls, the few lines of an outbound wrapper outside
-# its stretches (its check for an open request, an error path's unnest), what runs from the
-# garbage collector (a stream dropped unread ends its call there: the collector may run inside
-# another stretch, and stretches must not nest), and the cost in no code of latprof's (the
+# proxies, the task factory: cheaper than the timing would be), the few lines before a
+# statement or command that the asyncpg and redis hooks run inline and those of an outbound
+# wrapper outside its stretches (its check for an open request, an error path's unnest), what
+# runs from the garbage collector (a stream dropped unread ends its call there: the collector
+# may run inside another stretch, and stretches must not nest), and the cost in no code of latprof's (the
 # service's own code running slower beside it: caches, more garbage collection). A sampler of
 # the service threads' frames from a thread of latprof's was tried and dropped: it only gets the
 # GIL where a thread releases it, which under uvloop is the loop's poll, never inside the hooks.
@@ -234,6 +236,26 @@ def cost_end(started_ns: int) -> None:
     _sample(_region_number, now - started_ns, now - started_ns - _region_nested_ns, now)
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def stretch(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fn`, a function of hook code only (it calls none of the service's), as a stretch of hook
+    code (`cost_begin` / `cost_end`) each time it runs: for a hook's event listeners and its
+    bookkeeping after a call, which must not run inside another stretch."""
+
+    @functools.wraps(fn)
+    def timed(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        timing = cost_begin()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            cost_end(timing)
+
+    return timed
+
+
 def _writer_cpu() -> float:
     """CPU seconds the capture writer's flush threads used in this process so far (their CPU
     clocks, read from here: the thread itself is never touched)."""
@@ -268,7 +290,7 @@ def cost() -> dict[str, Any]:
     - `writer_cpu_ms`: CPU of the capture writer's flush thread, read from its clock (measured).
     - `hook_ms`: time in the hooks' own code on the service's threads (the recording functions
       and the stretches `cost_begin` marks: the inbound hooks' per-request bookkeeping, the
-      event-loop probe, and the outbound hooks' (openai, httpx, aiohttp_client, psycopg_pool)
+      event-loop probe, and the outbound hooks' (openai, httpx, aiohttp_client, and the DB pools' and drivers')
       bookkeeping around each call and per chunk read), estimated from the timed
       calls (`timed_calls` of `recording_calls`, which counts both) scaled by calls made / calls
       timed.

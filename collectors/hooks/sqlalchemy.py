@@ -337,16 +337,8 @@ def _wrap_do_get(original: Callable[..., Any]) -> Callable[..., Any]:
     def _do_get(self: Any, *args: Any) -> Any:
         if _checkout_get() is not None:  # QueuePool._do_get calling itself, or a subclass its base
             return original(self, *args)
-        try:
-            state = self.__dict__.get(_STATE_ATTR) or _pool_state(self)
-            start = _now()
-            if start >= state.gauge_due_ns or start < state.gauged_at_ns:  # gauges due
-                _read_gauges(self, state, start)  # before counting itself: a caller served at once never waited
-            connecting: list[float | None] = [None]
-            token = _checkout_set(connecting)
-            state.waiting.append(None)
-        except Exception as exc:
-            runtime.count_error(HOOK, exc)
+        begun = _begin_checkout(self)
+        if begun is None:
             return original(self, *args)
         request = _current_request()
         error: BaseException | None = None
@@ -355,46 +347,74 @@ def _wrap_do_get(original: Callable[..., Any]) -> Callable[..., Any]:
         except BaseException as exc:
             error = exc
             raise
-        finally:  # the end of the checkout, inline: this runs on every checkout of the service
-            end = _now()
-            try:  # the re-entry guard and the waiter count first: they must never stay set
-                try:
-                    _checkout_reset(token)
-                except ValueError:  # not the context it was set in
-                    _checkout_set(None)
-            except Exception as exc:
-                runtime.count_error(HOOK, exc)
-            finally:
-                waiting = state.waiting
-                waiters = len(waiting)
-                waiting.pop()
-            try:
-                elapsed = end - start
-                connect_started_s = connecting[0]
-                connect_ns = 0
-                if connect_started_s is not None:
-                    connect_ns = min(elapsed, max(0, end - int(connect_started_s * 1e9)))
-                if elapsed - connect_ns >= WAITED_NS:
-                    _read_gauges(self, state, end, force=True, waiters=waiters)  # how the pool looked while it waited
-                elif end >= state.gauge_due_ns or end < state.gauged_at_ns:  # gauges due
-                    _read_gauges(self, state, end)
-                histogram = _wait_histogram
-                # (a proxy with no SDK behind it records nothing: skip its call)
-                if histogram is not None and getattr(histogram, "_real_instrument", True) is not None:
-                    histogram.record(elapsed / 1e9, state.pool_attrs)
-                if request is not None:
-                    attrs = state.attrs
-                    if connect_started_s is not None or error is not None:
-                        attrs = dict(attrs)
-                        if connect_started_s is not None:
-                            attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
-                        if error is not None:
-                            attrs[ERROR_TYPE] = type(error).__qualname__
-                    _record(SEGMENT_CHECKOUT, DB_POOL, start, end, attrs, state=request, copy_attrs=False)
-            except Exception as exc:
-                runtime.count_error(HOOK, exc)
+        finally:  # this runs on every checkout of the service
+            _end_checkout(self, begun, _now(), request, error)
 
     return _do_get
+
+
+_Checkout = tuple[_PoolState, int, list[float | None], contextvars.Token[list[float | None] | None]]
+
+
+@runtime.stretch
+def _begin_checkout(pool: Any) -> _Checkout | None:
+    """A checkout of `pool` begins: its state, start, the cell its connect time goes in and the
+    re-entry guard's token; None when the hook failed (counted), and the checkout goes on untracked."""
+    try:
+        state = pool.__dict__.get(_STATE_ATTR) or _pool_state(pool)
+        start = _now()
+        if start >= state.gauge_due_ns or start < state.gauged_at_ns:  # gauges due
+            _read_gauges(pool, state, start)  # before counting itself: a caller served at once never waited
+        connecting: list[float | None] = [None]
+        token = _checkout_set(connecting)
+        state.waiting.append(None)
+        return state, start, connecting, token
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+        return None
+
+
+@runtime.stretch
+def _end_checkout(pool: Any, begun: _Checkout, end: int, request: runtime.RequestState | None, error: BaseException | None) -> None:
+    """The checkout `_begin_checkout` began ended at `end`: the guard and waiter count put back, the
+    wait recorded (with its connect time, or the error), the gauges read when due or it waited."""
+    state, start, connecting, token = begun
+    try:  # the re-entry guard and the waiter count first: they must never stay set
+        try:
+            _checkout_reset(token)
+        except ValueError:  # not the context it was set in
+            _checkout_set(None)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
+    finally:
+        waiting = state.waiting
+        waiters = len(waiting)
+        waiting.pop()
+    try:
+        elapsed = end - start
+        connect_started_s = connecting[0]
+        connect_ns = 0
+        if connect_started_s is not None:
+            connect_ns = min(elapsed, max(0, end - int(connect_started_s * 1e9)))
+        if elapsed - connect_ns >= WAITED_NS:
+            _read_gauges(pool, state, end, force=True, waiters=waiters)  # how the pool looked while it waited
+        elif end >= state.gauge_due_ns or end < state.gauged_at_ns:  # gauges due
+            _read_gauges(pool, state, end)
+        histogram = _wait_histogram
+        # (a proxy with no SDK behind it records nothing: skip its call)
+        if histogram is not None and getattr(histogram, "_real_instrument", True) is not None:
+            histogram.record(elapsed / 1e9, state.pool_attrs)
+        if request is not None:
+            attrs = state.attrs
+            if connect_started_s is not None or error is not None:
+                attrs = dict(attrs)
+                if connect_started_s is not None:
+                    attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
+                if error is not None:
+                    attrs[ERROR_TYPE] = type(error).__qualname__
+            _record(SEGMENT_CHECKOUT, DB_POOL, start, end, attrs, state=request, copy_attrs=False)
+    except Exception as exc:
+        runtime.count_error(HOOK, exc)
 
 
 def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
@@ -410,6 +430,7 @@ def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
 # --- holds ------------------------------------------------------------------------------------
 
 
+@runtime.stretch
 def _on_checkout(dbapi_connection: Any, connection_record: Any, connection_proxy: Any) -> None:
     try:
         request = _current_request()
@@ -427,6 +448,7 @@ def _on_checkout(dbapi_connection: Any, connection_record: Any, connection_proxy
         runtime.count_error(HOOK, exc)
 
 
+@runtime.stretch
 def _on_checkin(dbapi_connection: Any, connection_record: Any) -> None:
     try:
         held = connection_record.info.pop(_HOLD_KEY, None)
@@ -524,6 +546,7 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
     return execute
 
 
+@runtime.stretch
 def _end_statement(
     dialect: Any,
     statement: str,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import sys
 import time
 import types
@@ -269,3 +270,106 @@ def test_a_checkout_and_statement_of_psycopg_pool_are_stretches_of_hook_code(mon
             return conn.execute("SELECT 1").fetchone()
 
     _assert_stretches(monkeypatch, call, lambda row: PSYCOPG_POOL_PER_STATEMENT)
+
+
+# --- a DB pool: SQLAlchemy's QueuePool on the real PostgreSQL --------------------------------------
+
+
+@pytest.fixture
+def sa_engine() -> Iterator[Any]:
+    services.require_pg()
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from latprof.collectors.hooks import sqlalchemy as hook
+
+    assert hook.install() is True
+    engine = sqlalchemy.create_engine(services.PG_DSN, pool_size=1, max_overflow=0, connect_args={"connect_timeout": 5})
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        hook.uninstall()
+
+
+# the checkout's begin and end, the checkout and checkin events, the statement's end.
+SQLALCHEMY_PER_STATEMENT = 5
+
+
+def test_a_checkout_and_statement_of_sqlalchemy_are_stretches_of_hook_code(monkeypatch, sa_engine):
+    from sqlalchemy import text
+
+    def call() -> Any:
+        with sa_engine.connect() as conn:
+            return conn.execute(text("SELECT 1")).scalar()
+
+    _assert_stretches(monkeypatch, call, lambda value: SQLALCHEMY_PER_STATEMENT)
+
+
+# --- redis-py on the real Redis ----------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_client() -> Iterator[Any]:
+    redis = pytest.importorskip("redis")
+    from latprof.collectors.hooks import redis as hook
+
+    url = os.environ.get("LATPROF_TEST_REDIS", "redis://127.0.0.1:6379/0")
+    assert hook.install() is True
+    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            services.missing(f"redis is not reachable at {url}: {type(exc).__name__}: {exc}", "Redis is")
+        yield client
+    finally:
+        client.close()
+        hook.uninstall()
+
+
+# the checkout's begin and end, the command's end, the release's hold and gauges.
+REDIS_PER_COMMAND = 5
+
+
+def test_a_redis_command_is_stretches_of_hook_code(monkeypatch, redis_client):
+    _assert_stretches(monkeypatch, lambda: redis_client.get("latprof:cost:absent"), lambda value: REDIS_PER_COMMAND)
+
+
+# --- asyncpg's pool on the real PostgreSQL ----------------------------------------------------------
+
+
+@pytest.fixture
+def asyncpg_pool() -> Iterator[tuple[Any, Any]]:
+    import asyncio
+
+    asyncpg = pytest.importorskip("asyncpg")
+    services.require_pg()
+    from latprof.collectors.hooks import asyncpg as hook
+
+    assert hook.install() is True
+    loop = asyncio.new_event_loop()
+    dsn = "postgresql://" + services.PG_DSN.split("://", 1)[1]
+
+    async def create() -> Any:
+        return await asyncpg.create_pool(dsn, min_size=1, max_size=1, timeout=5)
+
+    pool = loop.run_until_complete(create())
+    try:
+        yield loop, pool
+    finally:
+        loop.run_until_complete(pool.close())
+        loop.close()
+        hook.uninstall()
+
+
+# the checkout's begin and end, the statement's end, the release's hold lookup and its end.
+ASYNCPG_PER_QUERY = 5
+
+
+def test_an_asyncpg_checkout_is_stretches_of_hook_code(monkeypatch, asyncpg_pool):
+    loop, pool = asyncpg_pool
+
+    async def query() -> Any:
+        async with pool.acquire() as conn:
+            return await conn.fetchval("SELECT 1")
+
+    _assert_stretches(monkeypatch, lambda: loop.run_until_complete(query()), lambda value: ASYNCPG_PER_QUERY)
