@@ -400,6 +400,17 @@ def _async_wait_for_connection(original: Callable[..., Any], family: _Family) ->
     return wait_for_connection
 
 
+@runtime.stretch
+def _plain_ended(state: Any, plain: Any, start: int, request: Any, token: Any, response: Any,
+                 error: BaseException | None, watch: Any) -> None:  # fmt: skip
+    """A call without an Exchange ended: the caller's parent put back, the call recorded (`_outbound.plain_done`)."""
+    try:
+        _parent_var.reset(token)
+    except ValueError:  # left from another context
+        pass
+    _plain_done(state, plain, start, request, response, error, watch, HOOK)
+
+
 def _sync_send(original: Callable[..., Any], family: _Family) -> Callable[..., Any]:
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         state = _request_var.get()  # _outbound.begin, inlined
@@ -421,25 +432,9 @@ def _sync_send(original: Callable[..., Any], family: _Family) -> Callable[..., A
             try:
                 response = original(self, request, *args, **kwargs)
             except BaseException as exc:
-                timing = runtime.cost_begin()
-                try:
-                    _plain_done(state, plain, start, request, None, exc, None, HOOK)
-                finally:
-                    try:
-                        _parent_var.reset(token)
-                    except ValueError:  # left from another context
-                        pass
-                    runtime.cost_end(timing)
+                _plain_ended(state, plain, start, request, token, None, exc, None)
                 raise
-            timing = runtime.cost_begin()
-            try:
-                try:
-                    _parent_var.reset(token)
-                except ValueError:  # left from another context
-                    pass
-                _plain_done(state, plain, start, request, response, None, family.sync_watch, HOOK)
-            finally:
-                runtime.cost_end(timing)
+            _plain_ended(state, plain, start, request, token, response, None, family.sync_watch)
             return response
         assert exchange is not None
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
@@ -501,25 +496,9 @@ def _async_send(original: Callable[..., Any], family: _Family) -> Callable[..., 
             try:
                 response = await original(self, request, *args, **kwargs)
             except BaseException as exc:
-                timing = runtime.cost_begin()
-                try:
-                    _plain_done(state, plain, start, request, None, exc, None, HOOK)
-                finally:
-                    try:
-                        _parent_var.reset(token)
-                    except ValueError:  # left from another context
-                        pass
-                    runtime.cost_end(timing)
+                _plain_ended(state, plain, start, request, token, None, exc, None)
                 raise
-            timing = runtime.cost_begin()
-            try:
-                try:
-                    _parent_var.reset(token)
-                except ValueError:  # left from another context
-                    pass
-                _plain_done(state, plain, start, request, response, None, family.async_watch, HOOK)
-            finally:
-                runtime.cost_end(timing)
+            _plain_ended(state, plain, start, request, token, response, None, family.async_watch)
             return response
         assert exchange is not None
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
