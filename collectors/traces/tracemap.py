@@ -20,6 +20,12 @@ span explains is `unattributed` (traces carry no CPU time), which `latprof.analy
 | ASGI `http send` / `http receive` spans (`asgi.event.type`)     | dropped: zero-length noise for gaps and sequences |
 | SERVER spans below the root, INTERNAL and other spans            | none: their children count, their own time stays uncovered |
 
+A span that carries latprof's own layer (`latprof.layer`, which `latprof export --format otlp`
+writes on every span) has that layer, whatever the table says: an explicit layer beats the
+table and what it implies (`none`: no layer of its own, a wrapper). Its request root's CPU time
+(`latprof.request.cpu_ns`) is read back too. A value outside the layer vocabulary is ignored,
+and spans without the attribute - every stock trace - map as the table says.
+
 An HTTP call inside a GenAI model span is that call's transport: it gets no layer of its own
 (the SDK's layers count the time once). A request keeps from its root span only its service, the
 proxy's request-start header when the span recorded it, and, for a server root with another server
@@ -34,7 +40,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
 from latprof.events import NO_ATTRS, Request, Segment
-from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, TOOL
+from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, SEGMENT_LAYERS, TOOL
 from latprof.semconv import (
     ERROR_TYPE,
     HTTP_REQUEST_HEADER_X_REQUEST_START,
@@ -73,6 +79,15 @@ SCOPE_NAME = "otel.scope.name"
 #: str on such a request: its root span's path, query left out (`url_path`).
 URL_PATH = "url.path"
 _REQUEST_START = (HTTP_REQUEST_HEADER_X_REQUEST_START, HTTP_REQUEST_HEADER_X_REQUEST_START_PY)
+#: str on a span: latprof's layer of its time (one of report-v1's, or `NO_LAYER`), as `latprof export` writes it.
+LATPROF_LAYER = "latprof.layer"
+#: `LATPROF_LAYER` of a span that owns no time of its own (a request root, a wrapper, a connection hold).
+NO_LAYER = "none"
+#: int on a request's root span: the CPU time its handling thread spent on it, as `latprof export` writes it.
+REQUEST_CPU_NS = "latprof.request.cpu_ns"
+#: Each value of `LATPROF_LAYER` to the layer it names (one string object per layer, for `is` comparisons).
+_EXPLICIT_LAYERS: Mapping[Any, str | None] = {**{layer: layer for layer in SEGMENT_LAYERS}, NO_LAYER: None}
+_NOT_EXPLICIT = "?"
 
 _SEND_OPERATIONS = frozenset({"send", "publish", "create"})
 _GENAI_MARK_0, _GENAI_MARK_1, _GENAI_MARK_2 = genai_spans.MARKS
@@ -98,8 +113,14 @@ def url_path(attrs: Mapping[str, Any]) -> str:
 
 def classify(span: Span, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> str | None:
     """The layer of `span` by the module's table, or None (no layer of its own); internal markers
-    `_GENAI_MODEL`, `_LLM_HTTP` and `_DROP` for the kinds `map_trace` treats specially."""
+    `_GENAI_MODEL`, `_LLM_HTTP` and `_DROP` for the kinds `map_trace` treats specially. A span's
+    own `LATPROF_LAYER` comes first."""
     attrs = span[9]
+    if LATPROF_LAYER in attrs:
+        value = attrs[LATPROF_LAYER]
+        explicit = _EXPLICIT_LAYERS.get(value, _NOT_EXPLICIT) if type(value) is str else _NOT_EXPLICIT
+        if explicit is not _NOT_EXPLICIT:
+            return explicit
     # any of the GenAI instrumentations' marks (genai_spans.genai_kind): three lookups, not a call, on every span
     if _GENAI_MARK_0 in attrs or _GENAI_MARK_1 in attrs or _GENAI_MARK_2 in attrs:
         genai = genai_spans.genai_kind(attrs)
@@ -445,7 +466,7 @@ def map_trace(
         if downstream or _REQUEST_START[0] in root_attrs or _REQUEST_START[1] in root_attrs:
             kept = _root_attrs(root, kept, downstream)
         out.requests.append(
-            new(Request, (request_id, route_of(root), start_ns, end_ns, _instance(root, counts), None,
+            new(Request, (request_id, route_of(root), start_ns, end_ns, _instance(root, counts), _cpu_ns(root_attrs),
                           status if type(status) is int else None, kept))
         )  # fmt: skip
         if segments:
@@ -453,6 +474,12 @@ def map_trace(
             out.segment_count += len(segments)
     if reached < len(by_id):
         counts.cycles += len(by_id) - reached
+
+
+def _cpu_ns(attrs: Mapping[str, Any]) -> int | None:
+    """A request root's CPU time from its span's `REQUEST_CPU_NS`, when it is a count of ns; else None (stock spans)."""
+    cpu = attrs.get(REQUEST_CPU_NS)
+    return cpu if type(cpu) is int and cpu >= 0 else None
 
 
 def _model_call(request_id: str, span: Span, parent_segment: str | None, pid: int, counts: _Counts) -> list[Segment]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from latprof.cli import analyze, attach, check, demo, diff, receive, rules, run, top  # noqa: F401  (registers the commands)
+from latprof.cli import analyze, attach, check, demo, diff, export, receive, rules, run, top  # noqa: F401  (registers the commands)
 from latprof.cli._common import EXIT_INTERNAL, main
 
 __all__ = ["EXIT_INTERNAL", "entry_point", "main"]
