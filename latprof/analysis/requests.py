@@ -40,8 +40,14 @@ _ROOT = object()  # key of the request root among segment parents
 # --- per request ------------------------------------------------------------------------------
 
 
-def critical_path(rt: RequestTimeline) -> dict[str | None, int]:
+#: A stretch of a critical path: (start_ns, end_ns, layer or None when uncovered, id of the owning segment or None).
+Piece = tuple[int, int, str | None, str | None]
+
+
+def critical_path(rt: RequestTimeline, pieces: list[Piece] | None = None) -> dict[str | None, int]:
     """Return nanoseconds per layer along the request's critical path; key None is uncovered time.
+
+    With `pieces`, also append each stretch of the path to it, latest first (for pictures).
 
     The values sum to the request's latency. Contract (report-v1 "Layers"):
     - each instant belongs to one segment: where siblings overlap, the one that ends last;
@@ -55,12 +61,14 @@ def critical_path(rt: RequestTimeline) -> dict[str | None, int]:
     start, end = request.start_ns, request.end_ns
     segments = rt.segments
     if not segments:
+        if pieces is not None:
+            pieces.append((start, end, None, None))
         return {None: end - start}
     for segment in segments:
         if segment[2] is not None:  # parent_id (by index: every segment)
             break
     else:
-        return _walk_flat(start, end, segments)
+        return _walk_flat(start, end, segments, pieces)
     out: dict[str | None, int] = {None: 0}
     by_id: dict[str, Segment] = {s.segment_id: s for s in segments}
     kids: dict[object, list[Segment]] = {}
@@ -71,11 +79,11 @@ def critical_path(rt: RequestTimeline) -> dict[str | None, int]:
     for siblings in kids.values():
         if len(siblings) > 1:
             siblings.sort(key=_LATEST_END_FIRST, reverse=True)
-    _walk(_ROOT, start, end, None, kids, out)
+    _walk(_ROOT, start, end, None, kids, out, pieces)
     return out
 
 
-def _walk_flat(start: int, end: int, segments: Sequence[Segment]) -> dict[str | None, int]:
+def _walk_flat(start: int, end: int, segments: Sequence[Segment], pieces: list[Piece] | None = None) -> dict[str | None, int]:
     """`_walk` for the common case of segments that all hang off the root (no nesting)."""
     out: dict[str | None, int] = {}
     uncovered = 0
@@ -91,14 +99,20 @@ def _walk_flat(start: int, end: int, segments: Sequence[Segment]) -> dict[str | 
         if child_end < cursor:
             gap_start = child_end if child_end > start else start
             uncovered += cursor - gap_start
+            if pieces is not None:
+                pieces.append((gap_start, cursor, None, None))
             cursor = gap_start
             if cursor <= start:
                 break
         owned_from = child_start if child_start > start else start
         out[layer] = out.get(layer, 0) + (cursor - owned_from)
+        if pieces is not None:
+            pieces.append((owned_from, cursor, layer, child.segment_id))
         cursor = owned_from
     if cursor > start:
         uncovered += cursor - start
+        if pieces is not None:
+            pieces.append((start, cursor, None, None))
     out[None] = uncovered
     return out
 
@@ -130,6 +144,7 @@ def _walk(
     layer: str | None,
     kids: Mapping[object, list[Segment]],
     out: dict[str | None, int],
+    pieces: list[Piece] | None = None,
 ) -> None:
     """Attribute [start, end) of `node` (whose time is `layer`'s) to its children, latest end first.
 
@@ -147,18 +162,24 @@ def _walk(
         if child_end < cursor:
             gap_start = child_end if child_end > start else start
             out[layer] = out.get(layer, 0) + (cursor - gap_start)
+            if pieces is not None:
+                pieces.append((gap_start, cursor, layer, None if node is _ROOT else str(node)))
             cursor = gap_start
             if cursor <= start:
                 break
         owned_from = child_start if child_start > start else start
         inner = child.layer if layer is None else effective_layer(child.layer, layer)  # type: ignore[arg-type]
         if child.segment_id in kids:
-            _walk(child.segment_id, owned_from, cursor, inner, kids, out)
+            _walk(child.segment_id, owned_from, cursor, inner, kids, out, pieces)
         else:
             out[inner] = out.get(inner, 0) + (cursor - owned_from)
+            if pieces is not None:
+                pieces.append((owned_from, cursor, inner, child.segment_id))
         cursor = owned_from
     if cursor > start:
         out[layer] = out.get(layer, 0) + (cursor - start)
+        if pieces is not None:
+            pieces.append((start, cursor, layer, None if node is _ROOT else str(node)))
 
 
 def split_uncovered(uncovered_ns: int, cpu_ns: int | None) -> tuple[int, int]:

@@ -76,15 +76,27 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 def format_option(fn: F) -> F:
-    """`--format` of a command that prints a report: the formats registered on `renderers.REPORT`."""
+    """`--format` of a command that prints a report (the formats registered on `renderers.REPORT`),
+    and `--include-attributes` for the HTML one (`check_format` tells a misuse up front)."""
+    fn = click.option(
+        "--include-attributes",
+        is_flag=True,
+        help="With --format html: also show SQL statements and URLs with each segment (left out by default: the file is made to be shared).",
+    )(fn)
     return click.option(
         "--format",
         "fmt",
         type=click.Choice(renderers.REPORT.names()),
         default="text",
         show_default=True,
-        help="Report format.",
+        help="Report format (html: one self-contained page, best written with -o FILE).",
     )(fn)
+
+
+def check_format(fmt: str, include_attributes: bool) -> None:
+    """A usage error for --include-attributes without --format html (before anything runs)."""
+    if include_attributes and fmt != "html":
+        raise click.UsageError("--include-attributes applies to --format html only")
 
 
 def output_option(what: str) -> Callable[[F], F]:
@@ -127,8 +139,14 @@ def emit(write: Callable[[TextIO], None], output: Path | None) -> None:
         raise InputError(f"{output}: cannot write: {exc.strerror or exc}") from None
 
 
-def print_report(report: Report, fmt: str, output: Path | None) -> None:
-    """Write `report` in the format `fmt` to stdout, or to the file `output`."""
+def print_report(report: Report, fmt: str, output: Path | None, diagnosis: Diagnosis | None = None,
+                 include_attributes: bool = False) -> None:  # fmt: skip
+    """Write `report` in the format `fmt` to stdout, or to the file `output`; for html, with the
+    pictures of `diagnosis` (`latprof.report.pictures`) drawn from the capture."""
+    if fmt == "html" and diagnosis is not None:
+        from latprof.report.pictures import with_pictures
+
+        report = with_pictures(diagnosis, report, include_attributes=include_attributes)
     emit(lambda out: renderers.REPORT.render(fmt, report, out), output)
 
 
@@ -174,7 +192,8 @@ def given_warmup(ctx: click.Context, warmup_s: float) -> float | None:
 
 
 def print_capture_report(report: Report, fmt: str, output: Path | None, capture: Path, *, written: str = "",
-                         again: str | None = None) -> None:  # fmt: skip
+                         again: str | None = None, diagnosis: Diagnosis | None = None,
+                         include_attributes: bool = False) -> None:  # fmt: skip
     """The report at the end of `run`, `attach` and `receive`, set apart from what came before it.
 
     A service's own output (thousands of access-log lines) precedes it: a banner on stderr
@@ -184,7 +203,7 @@ def print_capture_report(report: Report, fmt: str, output: Path | None, capture:
     """
     if output is None:
         banner(f"latprof report — {capture}")
-    print_report(report, fmt, output)
+    print_report(report, fmt, output, diagnosis, include_attributes)
     sys.stdout.flush()  # the report before the footer, when both go to one terminal
     if output is not None:
         click.echo(f"latprof: report written to {output}", err=True)

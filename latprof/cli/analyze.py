@@ -9,6 +9,7 @@ import click
 from latprof.cli._common import (
     KEEP_UNTIL_EXIT,
     Judging,
+    check_format,
     config_option,
     format_option,
     given_warmup,
@@ -29,7 +30,7 @@ from latprof.cli._common import (
               help="Explain the one trace with this id (hex, as a trace UI shows it) instead of the whole file.")
 @click.pass_context
 def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float,
-            config_path: Path | None, trace_id: str | None) -> None:  # fmt: skip
+            config_path: Path | None, trace_id: str | None, include_attributes: bool) -> None:  # fmt: skip
     """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
 
     PATHS are capture files (.jsonl or .jsonl.gz), OpenTelemetry OTLP JSON trace files (.json,
@@ -39,7 +40,8 @@ def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path 
     its longest uncovered gap, and what one request shows (N+1 calls, a timeout masking the span
     that used the time, the first of several errors).
     """
+    check_format(fmt, include_attributes)
     diagnosis = Judging(config_path, given_warmup(ctx, warmup_s)).diagnose(paths, trace_id=trace_id)
-    print_report(diagnosis.report, fmt, output)
+    print_report(diagnosis.report, fmt, output, diagnosis, include_attributes)
     # The analysis stays referenced until here: `run` leaves without freeing it.
     KEEP_UNTIL_EXIT.append(diagnosis)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 
 import click
 
-from latprof.cli._common import Judging, config_option, format_option, main, output_option, print_capture_report
+from latprof.cli._common import Judging, check_format, config_option, format_option, main, output_option, print_capture_report
 from latprof.errors import CollectorError, ConfigError
 from latprof.semconv import DEFAULT_MAX_RATE
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 @click.pass_context
 def attach(ctx: click.Context, pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: str | None, out: Path | None,
            inject: bool, hooks: str, disable: tuple[str, ...], max_rate: float, allow_other_user: bool, fmt: str,
-           output: Path | None, config_path: Path | None) -> None:  # fmt: skip
+           output: Path | None, config_path: Path | None, include_attributes: bool) -> None:  # fmt: skip
     """Diagnose a running service from outside: sample its threads' stacks (py-spy), wait
     channels, event loops, accept queue and sockets for a while, then name the layer that
     saturates it.
@@ -52,9 +52,10 @@ def attach(ctx: click.Context, pid: int, duration_s: float, rate: int, no_subpro
     """
     import signal
 
+    check_format(fmt, include_attributes)
     if inject:
         _inject(ctx, pid, duration_s, no_subprocesses, db, out, hooks, disable, max_rate, allow_other_user, fmt, output,
-                config_path)  # fmt: skip
+                config_path, include_attributes)  # fmt: skip
         return
     if allow_other_user or hooks != "all" or disable or ctx.get_parameter_source("max_rate") is not click.core.ParameterSource.DEFAULT:
         raise click.UsageError("--hooks, --disable, --max-rate and --allow-other-user apply to --inject only")
@@ -79,12 +80,13 @@ def attach(ctx: click.Context, pid: int, duration_s: float, rate: int, no_subpro
         raise CollectorError(f"no stack of PID {pid} was sampled" + (f": {stats.errors[0]}" if stats.errors else ""))
     diagnosis = judging.diagnose([capture])
     print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture),
-                         written=f" (PID {pid} exited during it)" if pid in stats.exited else "")  # fmt: skip
+                         written=f" (PID {pid} exited during it)" if pid in stats.exited else "", diagnosis=diagnosis,
+                         include_attributes=include_attributes)  # fmt: skip
 
 
 def _inject(ctx: click.Context, pid: int, duration_s: float, no_subprocesses: bool, db: str | None, out: Path | None,
             hooks: str, disable: tuple[str, ...], max_rate: float, allow_other_user: bool, fmt: str, output: Path | None,
-            config_path: Path | None) -> None:  # fmt: skip
+            config_path: Path | None, include_attributes: bool) -> None:  # fmt: skip
     """`attach --inject`: the hooks in each worker for `duration_s`, then the run-mode report."""
     import signal
 
@@ -116,7 +118,8 @@ def _inject(ctx: click.Context, pid: int, duration_s: float, no_subprocesses: bo
         first = next((r.message for r in results if r.message), "no process was injected")
         raise CollectorError(first + f" (capture: {capture})")
     diagnosis = judging.diagnose([capture])
-    print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture))
+    print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture), diagnosis=diagnosis,
+                         include_attributes=include_attributes)
 
 
 def _attach_progress(duration_s: float) -> Callable[[AttachStats], None]:

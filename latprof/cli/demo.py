@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from latprof.analysis.requests import DEFAULT_WARMUP_S
-from latprof.cli._common import KEEP_UNTIL_EXIT, format_option, main, output_option, print_report
+from latprof.cli._common import KEEP_UNTIL_EXIT, check_format, format_option, main, output_option, print_report
 
 
 @main.command()
@@ -54,7 +54,7 @@ from latprof.cli._common import KEEP_UNTIL_EXIT, format_option, main, output_opt
 @format_option
 @output_option("report")
 def demo(scenario: str, dsn: str | None, out: Path | None, duration_s: float | None, attach: bool, inject: bool,
-         traces: str | None, fmt: str, output: Path | None) -> None:  # fmt: skip
+         traces: str | None, fmt: str, output: Path | None, include_attributes: bool) -> None:  # fmt: skip
     """Run a bundled AI service with a known fault under load, and diagnose it.
 
     Starts a local OpenAI-compatible provider and a small FastAPI + SQLAlchemy + openai service
@@ -63,11 +63,12 @@ def demo(scenario: str, dsn: str | None, out: Path | None, duration_s: float | N
     with --inject `latprof attach --inject` loads the hooks into it for the load; with --traces it
     runs traced by OpenTelemetry instead, and latprof diagnoses the traces it sent.
     """
+    check_format(fmt, include_attributes)
     if sum((attach, inject, traces is not None)) > 1:
         raise click.UsageError("--attach, --inject and --traces: choose one")
     from latprof.demo.run import run_demo
 
     result = run_demo(scenario, dsn=dsn, capture=out, duration_s=duration_s, warmup_s=DEFAULT_WARMUP_S, attach=attach,
                       inject=inject, traces=traces)  # fmt: skip
-    print_report(result.report, fmt, output)
+    print_report(result.report, fmt, output, result.diagnosis, include_attributes)
     KEEP_UNTIL_EXIT.append(result)

@@ -12,6 +12,7 @@ import click
 from latprof.cli._common import (
     KEEP_UNTIL_EXIT,
     Judging,
+    check_format,
     config_option,
     format_option,
     given_warmup,
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 @config_option
 @click.pass_context
 def receive(ctx: click.Context, listen: str | None, out: Path | None, duration_s: float | None, max_spans: int | None,
-            fmt: str, output: Path | None, warmup_s: float, config_path: Path | None) -> None:  # fmt: skip
+            fmt: str, output: Path | None, warmup_s: float, config_path: Path | None, include_attributes: bool) -> None:  # fmt: skip
     """Receive traces from running services over OTLP/HTTP until Ctrl-C (or --duration), then diagnose them.
 
     Point a service's OpenTelemetry exporter here, e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318
@@ -54,6 +55,7 @@ def receive(ctx: click.Context, listen: str | None, out: Path | None, duration_s
 
     from latprof.collectors.traces.receive import DEFAULT_LISTEN, DEFAULT_MAX_SPANS, Receiver, is_loopback, parse_listen
 
+    check_format(fmt, include_attributes)
     judging = Judging(config_path, given_warmup(ctx, warmup_s))  # a bad config stops here, before anything is received
     host, port = parse_listen(listen or DEFAULT_LISTEN)
     if not is_loopback(host):
@@ -81,7 +83,8 @@ def receive(ctx: click.Context, listen: str | None, out: Path | None, duration_s
         raise CollectorError(f"no spans received on {receiver.endpoint}; was OTEL_EXPORTER_OTLP_ENDPOINT set to {receiver.base_url}?")
     diagnosis = judging.diagnose([capture], source_kind="receive")
     print_capture_report(diagnosis.report, fmt, output, capture, again=judging.command(capture),
-                         written=f" ({stats.spans:,} spans from {stats.requests:,} export requests)")  # fmt: skip
+                         written=f" ({stats.spans:,} spans from {stats.requests:,} export requests)", diagnosis=diagnosis,
+                         include_attributes=include_attributes)  # fmt: skip
     KEEP_UNTIL_EXIT.append(diagnosis)
 
 

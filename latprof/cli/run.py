@@ -12,6 +12,7 @@ import click
 from latprof.cli._common import (
     KEEP_UNTIL_EXIT,
     Judging,
+    check_format,
     config_option,
     format_option,
     given_warmup,
@@ -73,6 +74,7 @@ def run(
     warmup_s: float,
     config_path: Path | None,
     cmd: tuple[str, ...],
+    include_attributes: bool,
 ) -> None:
     """Run a Python service with latprof's hooks, and diagnose it when it stops.
 
@@ -94,6 +96,7 @@ def run(
         for name, summary in describe_hooks():
             click.echo(f"{name:<14} {summary}")
         return
+    check_format(fmt, include_attributes)
     if not cmd:
         raise click.UsageError("no command: `latprof run [OPTIONS] -- CMD ARGS...` (or `latprof run --list`)")
     wanted = select_hooks(hooks, disable)
@@ -127,6 +130,7 @@ def run(
         if lost:
             collection = {**report.collection, "warnings": [*report.collection.get("warnings", ()), *lost]}
             report = dataclasses.replace(report, collection=collection)
-        print_capture_report(report, fmt, output, capture, again=judging.command(capture))
+        print_capture_report(report, fmt, output, capture, again=judging.command(capture), diagnosis=diagnosis,
+                             include_attributes=include_attributes)
         KEEP_UNTIL_EXIT.append(diagnosis)
     ctx.exit(code)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from latprof.analysis.explain import Explanation
 from latprof.analysis.requests import NS_PER_S, Analysis, LayerStats
@@ -14,7 +14,12 @@ from latprof.layers import LAYERS
 from latprof.report.verdict import Verdict, decide_verdict
 from latprof.semconv import NOTE_INJECTED, NOTE_OVERHEAD, OVERHEAD_SOURCE, OVERHEAD_SOURCE_HOOKS
 
+if TYPE_CHECKING:
+    from latprof.report.pictures import Pictures
+
 SCHEMA = "latprof.report/1"
+
+
 @dataclass(frozen=True, slots=True)
 class LayerRow:
     layer: str
@@ -54,6 +59,9 @@ class Report:
     #: `collection.overhead` by whose cost it is (`overhead_parts`: "hooks", "sampler"), for the
     #: text report to tell them apart; not in the JSON, whose `overhead` is their sum.
     overhead_parts: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    #: What the HTML report draws besides (`latprof.report.pictures`): made only for `--format
+    #: html`, None otherwise; not in the JSON.
+    pictures: Pictures | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report-v1 JSON shape."""

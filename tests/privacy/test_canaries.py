@@ -40,6 +40,7 @@ import services
 from latprof.capture.reader import read_captures
 from latprof.demo.provider import Provider
 from latprof.events import Request, Segment
+from latprof.export import EXPORT
 from latprof.report.renderers import CHECK, DIFF, REPORT
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # three real services under `latprof run`, about a minute
@@ -329,6 +330,14 @@ def _reports(run: Run) -> None:
             args = [*(captures if path is None else [path])]
             _latprof("analyze", *args, "--format", fmt, "-o", target, "--skip-warmup", "0")
             run.written.append(target)
+    # the HTML page with statements and URLs shown: they carry no parameter, so still no canary
+    target = out / "analyze-all-attributes.html"
+    _latprof("analyze", *captures, "--format", "html", "--include-attributes", "-o", target, "--skip-warmup", "0")
+    run.written.append(target)
+    for fmt in EXPORT.names():  # the exports for trace viewers
+        target = out / f"export.{fmt}"
+        _latprof("export", *captures, "--format", fmt, "-o", target)
+        run.written.append(target)
     config = out / "latprof.toml"
     config.write_text(CHECK_CONFIG)
     summary = out / "step-summary.md"

@@ -3,8 +3,10 @@ kind of result has its formats in one registry."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import re
 
 import pytest
 from rich.console import Console
@@ -50,9 +52,63 @@ def test_text_puts_the_verdict_first_then_layers_findings_and_collection():
     assert "db.pool" in table and "3.0 s" in table and "100%" in table and "█" * 20 in table
     assert "waiting to check a connection" in table  # wide consoles explain each layer
     assert "● critical db-pool-exhaustion  db.pool  impact 3.0 s" in text
-    assert "evidence: pool_max 5 · peak_waiters 24" in text
+    assert evidence_lines(text) == ["evidence", "  pool max        5", "  peak waiters    24"]
     assert "fix: Release the connection before the LLM call." in text
     assert "coverage 100%" in text
+
+
+def evidence_lines(text: str) -> list[str]:
+    """The finding's evidence block, from its label to the fix, less the finding's indent and the padding."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "evidence")
+    end = next(i for i, line in enumerate(lines) if i > start and line.strip().startswith("fix:"))
+    return [line[2:].rstrip() for line in lines[start:end]]
+
+
+def report_with_evidence(evidence: dict[str, object]):
+    report = report_with_pool_tail()
+    finding = dataclasses.replace(report.findings[0], evidence=evidence)
+    return dataclasses.replace(report, findings=[finding])
+
+
+def test_the_evidence_is_a_table_of_every_key_in_order_with_values_rounded_and_units():
+    evidence = {
+        "pool_wait_p99_ms": 356.568, "share_of_tail_excess": 0.9951, "mean_utilisation": 0.7185, "cpu_percent": 95.0,
+        "accept_rate_per_s": 12.345, "dominates_median": True, "ms_per_1k_input_tokens": None,
+        "pools": ["sqlite:///demo.db", "postgresql://db/app"], "queue_sources": {"threadpool": 381},
+        "mean_hold_ms": 235.898,
+    }  # fmt: skip
+    rows = [line.strip() for line in evidence_lines(render(report_with_evidence(evidence), 120))[1:]]
+    assert [re.split(r"\s{2,}", line) for line in rows] == [
+        ["pool wait p99", "357 ms"],
+        ["share of tail excess", "99.5%"],
+        ["mean utilisation", "71.9%"],
+        ["cpu", "95%"],
+        ["accept rate", "12.3/s"],
+        ["dominates median", "yes"],
+        ["ms per 1k input tokens", "-"],
+        ["pools", "sqlite:///demo.db, postgresql://db/app"],
+        ["queue sources", "threadpool: 381"],
+        ["mean hold", "236 ms"],
+    ]
+
+
+def test_a_finding_without_evidence_has_no_evidence_block():
+    text = render(report_with_evidence({}), 120)
+    assert "evidence" not in text and "fix: Release the connection" in text
+
+
+def test_an_inferred_finding_says_so_in_its_evidence_and_not_dimmed():
+    evidence = {"pool_wait_p99_ms": 300.0, "inferred": True, "inferred_from": "gaps between the spans of a trace"}
+    console = Console(file=io.StringIO(), width=120, record=True, color_system="standard", force_terminal=True)
+    print_report(report_with_evidence(evidence), console)
+    styled = console.export_text(styles=True, clear=False)
+    assert [line.strip() for line in evidence_lines(console.export_text())[1:]] == [
+        "pool wait p99    300 ms", "inferred         yes", "inferred from    gaps between the spans of a trace"
+    ]  # fmt: skip
+    inferred_from = next(line for line in styled.splitlines() if "gaps between the spans" in line)
+    pool_wait = next(line for line in styled.splitlines() if "pool wait p99" in line)
+    assert "\x1b[2m" in pool_wait and "\x1b[2m" not in inferred_from and "\x1b[33m" in inferred_from
 
 
 def test_narrow_console_keeps_the_numbers_and_drops_the_explanations():
@@ -61,6 +117,17 @@ def test_narrow_console_keeps_the_numbers_and_drops_the_explanations():
     table = text[text.index("layer") : text.index("Findings")]
     assert "tail excess" in table and "3.0 s" in table and "100%" in table
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_long_evidence_wraps_within_a_narrow_console():
+    ids = [f"request-{i:04d}" for i in range(5)]
+    text = render(report_with_evidence({"tail_ttft_above_floor_and_prompt_ms": 1802.192, "example_request_ids": ids}), 80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    lines = evidence_lines(text)
+    assert lines[1].split() == ["tail", "ttft", "above", "floor", "and", "prompt", "1,802", "ms"]
+    value_at = lines[1].index("1,802")  # the values' column: the ids wrap inside it, under one another
+    assert lines[2][:value_at].strip() == "example request ids" and len(lines) > 3
+    assert " ".join(line[value_at:].strip() for line in lines[2:]) == ", ".join(ids)
 
 
 def test_no_tail_verdict_is_rendered_as_such():
@@ -103,9 +170,9 @@ def test_an_asyncio_attach_report_shows_requests_in_flight_and_the_loop_per_seco
 
 def test_every_kind_of_result_has_its_formats_in_one_registry():
     assert {kind: formats.names() for kind, formats in renderers.KINDS.items()} == {
-        "report": ["json", "text"],
+        "report": ["html", "json", "text"],
         "check": ["json", "markdown", "text"],
-        "diff": ["json", "markdown", "text"],
+        "diff": ["html", "json", "markdown", "text"],
         "rules": ["json", "markdown", "text"],
     }
 

@@ -75,7 +75,7 @@ class Formats(Generic[T]):
 
 
 def _load_report() -> None:
-    from latprof.report.renderers import report_json, report_text  # noqa: F401  (registration)
+    from latprof.report.renderers import report_html, report_json, report_text  # noqa: F401  (registration)
 
 
 def _load_check() -> None:
@@ -83,7 +83,7 @@ def _load_check() -> None:
 
 
 def _load_diff() -> None:
-    from latprof.report.renderers import diff_json, diff_markdown, diff_text  # noqa: F401  (registration)
+    from latprof.report.renderers import diff_html, diff_json, diff_markdown, diff_text  # noqa: F401  (registration)
 
 
 def _load_rules() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import Any, Mapping, TextIO
 
 from rich.console import Console, Group
 from rich.padding import Padding
@@ -11,7 +11,9 @@ from rich.text import Text
 
 from latprof.engine import Finding, fmt_ms
 from latprof.layers import DESCRIPTIONS
+from latprof.report.evidence import evidence_rows, with_unit
 from latprof.report.renderers import REPORT
+from latprof.report.renderers.report_common import cost_line, injected_line
 from latprof.report.model import Report
 
 _SPARKS = "▁▂▃▄▅▆▇█"
@@ -26,6 +28,9 @@ _VERDICT_LABELS = {
 }
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _BAR_WIDTH = 20
+# The evidence rows that say a finding was inferred, and how they stand out of the dim rest.
+_INFERENCE_KEYS = ("inferred", "inferred_from")
+_INFERRED_STYLE = "yellow"
 # Below this console width the layer table leaves out the column that explains each layer.
 _DESCRIBE_FROM_WIDTH = 120
 
@@ -185,19 +190,24 @@ def _finding(finding: Finding, per_second: bool = False) -> Group:
     if finding.impact_ms > 0:
         head.append(f"  impact {fmt_ms(finding.impact_ms)}" + ("/s" if per_second else ""))
     head.append(f"  confidence {finding.confidence:.2f}", style="dim")
-    evidence = Text("evidence: ", style="dim")
-    evidence.append(" · ".join(f"{k} {_value(v)}" for k, v in finding.evidence.items()), style="dim")
     fix = Text("fix: ", style="green")
     fix.append(finding.fix)
-    return Group(head, *(Padding(part, (0, 0, 0, 2)) for part in (Text(finding.summary), evidence, fix)))
+    parts: list[Any] = [Text(finding.summary)]
+    if finding.evidence:
+        parts.append(Group(Text("evidence", style="dim"), Padding(_evidence_table(finding.evidence), (0, 0, 0, 2))))
+    return Group(head, *(Padding(part, (0, 0, 0, 2)) for part in (*parts, fix)))
 
 
-def _value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(str(v) for v in value[:5]) + (", ..." if len(value) > 5 else "")
-    return str(value)
+def _evidence_table(evidence: Mapping[str, Any]) -> Table:
+    """The evidence, one row a key in the JSON report's order: name, then the value with its unit
+    (`latprof.report.evidence`); dim, but what says the finding was inferred stands out."""
+    table = Table(box=None, show_header=False, pad_edge=False, show_edge=False, padding=(0, 2))
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
+    for row in evidence_rows(evidence):
+        style = _INFERRED_STYLE if row.key in _INFERENCE_KEYS and evidence.get("inferred") else "dim"
+        table.add_row(Text(row.name, style=style), Text(with_unit(row.value, row.unit), style=style))
+    return table
 
 
 def _sparkline(report: Report) -> Text | None:
@@ -249,75 +259,11 @@ def _collection(report: Report) -> Text:
         parts.append(f"{c['warmup_requests_skipped']} warm-up requests skipped")
     text = Text("What latprof could see: ", style="bold")
     text.append(" · ".join(parts))
-    cost = _cost(report)
+    cost = cost_line(report)
     if cost:
         text.append(f"\n  {cost}")
     for process in c.get("injected") or []:
-        text.append("\n  " + _injected(process))
+        text.append("\n  " + injected_line(process))
     for warning in c.get("warnings") or []:
         text.append(f"\n  warning: {warning}", style="yellow")
     return text
-
-
-def _cost(report: Report) -> str:
-    """What latprof cost, as measured (`collection.overhead`, told apart by source where the report
-    has `overhead_parts`): "latprof cost the service at least 1.8% of a CPU core, +0.04 ms per
-    request"; in attach mode the sampler's process and the injected hooks each; "" when unknown."""
-    total = report.collection.get("overhead") or {}
-    parts = report.overhead_parts
-    hooks, sampler = parts.get("hooks") or {}, parts.get("sampler") or {}
-    if not parts:  # a report without the parts (read back from JSON, or built without them): the total
-        if total.get("cpu_percent") is None and total.get("added_ms_per_request") is None:
-            return ""
-        if report.source.get("kind") != "attach":
-            hooks = total
-        elif total.get("added_ms_per_request") is None:
-            sampler = total
-        else:  # the sampler and injected hooks, not told apart
-            return (f"latprof cost at least {_percent(total.get('cpu_percent'))} of a CPU core (its sampler and the injected"
-                    f" hooks together), the hooks +{_cost_ms(total.get('added_ms_per_request'))} per request")  # fmt: skip
-    said = []
-    if sampler.get("cpu_percent") is not None:
-        said.append(f"latprof's sampler used about {_percent(sampler['cpu_percent'])} of a CPU core in its own process")
-    if hooks:
-        who = "the injected hooks cost the service" if sampler or report.source.get("kind") == "attach" else "latprof cost the service"
-        # "at least": what the hooks' own code is timed to cost; the service's code runs slower beside
-        # it too, by about as much again (docs/run.md, benchmarks/bench_reported_overhead.py).
-        cost = f"{who} at least {_percent(hooks.get('cpu_percent'))} of a CPU core"
-        if hooks.get("added_ms_per_request") is not None:
-            cost += f", +{_cost_ms(hooks['added_ms_per_request'])} per request"
-        said.append(cost)
-    return "; ".join(said)
-
-
-def _percent(value: Any) -> str:
-    """Two significant digits, no exponent: "1.8%", "0.04%", "<0.01%", "12%"."""
-    if value is None:
-        return "?%"
-    return "<0.01%" if value < 0.01 else f"{value:.2g}%" if value < 10 else f"{value:.0f}%"
-
-
-def _cost_ms(value: Any) -> str:
-    """Two significant digits, no exponent: "0.012 ms", "<0.001 ms", "3.4 ms"."""
-    if value is None:
-        return "? ms"
-    return "<0.001 ms" if value < 0.001 else f"{value:.2g} ms" if value < 10 else f"{value:.0f} ms"
-
-
-def _injected(process: dict[str, Any]) -> str:
-    """One line per process `attach --inject` tried: what it loaded, how long it held it, how it left."""
-    line = f"injected PID {process.get('pid')} (CPython {process.get('python') or '?'}): {process.get('outcome')}"
-    if process.get("held_ms") is not None:
-        line += f", held {process['held_ms']:.0f} ms"
-    if process.get("hooks"):
-        line += f", {len(process['hooks'])} hooks"
-    detach = process.get("detach") or {}
-    if detach.get("patched") is not None:
-        line += f"; detached: {detach.get('restored')}/{detach.get('patched')} patched attributes restored"
-        if detach.get("modules_imported"):
-            line += f", {len(detach['modules_imported'])} modules left imported"
-    elif detach.get("reason"):
-        line += f"; detach: {detach['reason']}"
-    if process.get("outcome") != "recorded" and process.get("message"):
-        line += f" - {process['message']}"
-    return line
