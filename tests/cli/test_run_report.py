@@ -141,3 +141,23 @@ def test_a_bad_config_stops_latprof_run_before_the_service_starts(tmp_path: Path
     assert "latprof.toml" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert "INFO:" not in result.stdout and not (tmp_path / "capture.jsonl").exists()  # the service never ran
+
+
+def test_run_writes_the_html_page_with_the_tails_waterfalls(tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    result = latprof_run(tmp_path, "--skip-warmup", "0", "--format", "html", "-o", str(page))
+    assert result.returncode == 0, result.stderr
+    assert f"latprof: report written to {page}" in result.stderr
+    again = subprocess.run([sys.executable, "-m", "latprof", "analyze", str(tmp_path / "capture.jsonl"), "--skip-warmup", "0",
+                            "--format", "json"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    report = json.loads(again.stdout)
+    html = page.read_text()
+    assert report["verdict"]["summary"].replace("'", "&#x27;") in html
+    # the slowest requests (every 20th, 20 ms at the provider) drawn, their provider segment among their bars
+    assert html.count('data-role="tail"') >= 1 and 'class="seg" data-layer="provider"' in html
+
+
+def test_include_attributes_without_html_stops_run_before_the_service_starts(tmp_path: Path) -> None:
+    result = latprof_run(tmp_path, "--include-attributes")
+    assert result.returncode == 2 and "--format html" in result.stderr
+    assert not (tmp_path / "capture.jsonl").exists()
