@@ -49,7 +49,7 @@ def _side(title: str, report: Report, label: str) -> str:
     return (
         f'<div class="side" id="{title.lower()}"><h2>{esc(title)}: {esc(label)}</h2>'
         f'<p class="dim">{"?" if requests is None else f"{requests:,}"} requests</p>'
-        + verdict_section(report, heading="p")
+        + verdict_section(report, heading="p", link_rule=False)
         + "</div>"
     )
 

@@ -177,14 +177,14 @@ def verdict_label(report: Report) -> str:
     return labels.get(report.verdict.status) or report.verdict.layer or report.verdict.status
 
 
-def verdict_section(report: Report, heading: str = "h1") -> str:
-    """The verdict first: its label, the sentence, confidence and rule."""
+def verdict_section(report: Report, heading: str = "h1", *, link_rule: bool = True) -> str:
+    """The verdict first: its label, the sentence, confidence and rule (a link to its finding's card when the page has it)."""
     verdict = report.verdict
     details = [f"confidence {verdict.confidence:.2f}"]
     if verdict.share_of_tail_excess is not None:
         details.append(f"{verdict.share_of_tail_excess:.0%} of the tail excess")
     if verdict.rule:
-        details.append(f'rule <a href="#finding-{esc(verdict.rule)}">{esc(verdict.rule)}</a>')
+        details.append(f'rule <a href="#finding-{esc(verdict.rule)}">{esc(verdict.rule)}</a>' if link_rule else f"rule {esc(verdict.rule)}")
     layer = f"{swatch(verdict.layer)} " if verdict.layer else ""
     return (
         f'<section class="verdict {esc(verdict.status)}" id="verdict">'
