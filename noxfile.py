@@ -30,6 +30,17 @@ INJECT_PYTHONS = [_pyenv(v) for v in ("3.10", "3.12", "3.13")] + (
 )
 
 
+#: End-to-end verdict tests whose every line of library code the tests kept on the older lines already
+#: drive (the hook tests, and the kept verdicts: the pool held across the LLM call on PostgreSQL, streamed
+#: long outputs, provider spikes, the sampled capture): the same demo service under the other server, or
+#: the tool-call rule's negative cases, which read no library-line-specific event.
+LINE_REDUNDANT_E2E = (
+    "test_verdicts_e2e.py::test_pool_held_across_llm_sqlite", "test_verdicts_e2e.py::test_threadpool_queueing",
+    "test_verdicts_e2e.py::test_provider_floor", "test_verdicts_e2e.py::test_healthy", "test_verdicts_e2e.py::test_blocking_call",
+    "test_tools_e2e.py::test_langchain_tools_gathered_or_dependent_do_not_fire",
+    "test_tools_e2e.py::test_gathered_dependent_and_agent_loop_calls_do_not",
+)  # fmt: skip
+
 #: Hook test modules none of whose services import openai, SQLAlchemy, psycopg_pool, asyncpg or redis.
 LINE_INDEPENDENT_HOOK_TESTS = ("aiohttp_client_hook", "aiohttp_web_hook", "asgi_hook", "locks_hook", "loop_hook", "sampling_e2e",
                                "tool_dependencies")  # fmt: skip
@@ -57,6 +68,7 @@ def hooks_legacy(session: nox.Session) -> None:
         # hook tests whose services use none of these libraries (Starlette, aiohttp, Flask's lock route; the loop, the
         # sampler, the tool-dependency reading): the README command's run is theirs
         *(f"--ignore=tests/collectors/hooks/test_{name}.py" for name in LINE_INDEPENDENT_HOOK_TESTS),
+        *(f"--deselect=tests/collectors/hooks/{test}" for test in LINE_REDUNDANT_E2E),
         *session.posargs, env={"LATPROF_FORBID_SKIPS": "1"},
     )  # fmt: skip
 
