@@ -19,11 +19,14 @@ from __future__ import annotations
 from typing import Any
 
 from latprof.collectors.hooks import runtime
+from latprof.layers import DB_POOL
 from latprof.semconv import (
+    CONNECT_MS,
     DB_OPERATION_NAME,
     DB_POOL_NAME,
     DB_QUERY_SUMMARY,
     DB_SYSTEM_NAME,
+    ERROR_TYPE,
     GAUGE_POOL_IN_USE,
     GAUGE_POOL_MAX,
     GAUGE_POOL_OVERFLOW,
@@ -104,3 +107,22 @@ def statement_attrs(system: str, summary: str, operation: str) -> dict[str, Any]
     if operation:
         attrs[DB_OPERATION_NAME] = operation
     return attrs
+
+
+def checkout_recorded(name: str, histogram: Any, state: PoolState, request: runtime.RequestState | None, start: int, end: int,
+                      connect_ns: int | None, error: BaseException | None) -> None:  # fmt: skip
+    """What both pool hooks record at the end of a checkout: its wait into OpenTelemetry's wait-time
+    `histogram` (when one is set and an SDK is behind it: a proxy with no SDK records nothing, so
+    its call is skipped), and in a request the `db.pool` segment `name` from `start` to `end`, with
+    the connect time the wait included (`connect_ns`) and the error it ended with."""
+    if histogram is not None and getattr(histogram, "_real_instrument", True) is not None:
+        histogram.record((end - start) / 1e9, state.pool_attrs)
+    if request is not None:
+        attrs = state.attrs
+        if connect_ns is not None or error is not None:
+            attrs = dict(attrs)
+            if connect_ns is not None:
+                attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
+            if error is not None:
+                attrs[ERROR_TYPE] = type(error).__qualname__
+        record(name, DB_POOL, start, end, attrs, state=request, copy_attrs=False)

@@ -291,19 +291,7 @@ def _end_checkout(
         except Exception as exc:
             runtime.count_error(HOOK, exc)
         try:
-            histogram = _wait_histogram
-            # (a proxy with no SDK behind it records nothing: skip its call)
-            if histogram is not None and getattr(histogram, "_real_instrument", True) is not None:
-                histogram.record(elapsed / 1e9, state.pool_attrs)
-            if request is not None:
-                attrs = state.attrs
-                if connect_ns is not None or error is not None:
-                    attrs = dict(attrs)
-                    if connect_ns is not None:
-                        attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
-                    if error is not None:
-                        attrs[ERROR_TYPE] = type(error).__qualname__
-                _record(SEGMENT_CHECKOUT, DB_POOL, start, end, attrs, state=request, copy_attrs=False)
+            _pools.checkout_recorded(SEGMENT_CHECKOUT, _wait_histogram, state, request, start, end, connect_ns, error)
             if conn is not None:  # the hold begins
                 if request is None or _sqlalchemy_busy():
                     # Outside a request nothing is held; under SQLAlchemy's checkout its hook marks the hold.

@@ -400,19 +400,8 @@ def _end_checkout(pool: Any, begun: _Checkout, end: int, request: runtime.Reques
             _read_gauges(pool, state, end, force=True, waiters=waiters)  # how the pool looked while it waited
         elif end >= state.gauge_due_ns or end < state.gauged_at_ns:  # gauges due
             _read_gauges(pool, state, end)
-        histogram = _wait_histogram
-        # (a proxy with no SDK behind it records nothing: skip its call)
-        if histogram is not None and getattr(histogram, "_real_instrument", True) is not None:
-            histogram.record(elapsed / 1e9, state.pool_attrs)
-        if request is not None:
-            attrs = state.attrs
-            if connect_started_s is not None or error is not None:
-                attrs = dict(attrs)
-                if connect_started_s is not None:
-                    attrs[CONNECT_MS] = round(connect_ns / 1e6, 3)
-                if error is not None:
-                    attrs[ERROR_TYPE] = type(error).__qualname__
-            _record(SEGMENT_CHECKOUT, DB_POOL, start, end, attrs, state=request, copy_attrs=False)
+        _pools.checkout_recorded(SEGMENT_CHECKOUT, _wait_histogram, state, request, start, end,
+                                 None if connect_started_s is None else connect_ns, error)  # fmt: skip
     except Exception as exc:
         runtime.count_error(HOOK, exc)
 
