@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from latprof.analysis.explain import Gap
 from latprof.report.model import Report
 
 
@@ -69,3 +70,8 @@ def injected_line(process: dict[str, Any]) -> str:
     if process.get("outcome") != "recorded" and process.get("message"):
         line += f" - {process['message']}"
     return line
+
+
+def gap_place(gap: Gap) -> str:
+    """Where a request's longest gap sits: "inside X, after Y, before Z"."""
+    return f"inside {gap.inside}" + (f", after {gap.after}" if gap.after else "") + (f", before {gap.before}" if gap.before else "")

@@ -30,7 +30,7 @@ from latprof.report.renderers.html_common import (
     verdict_label,
     verdict_section,
 )
-from latprof.report.renderers.report_common import cost_line, injected_line
+from latprof.report.renderers.report_common import cost_line, gap_place, injected_line
 
 _WIDTH = 960
 _LANE = 13
@@ -204,7 +204,7 @@ def _explained(explained: list[Explanation], drawn: list[str]) -> str:
             rows.append(f"<tr><td class=\"dim\">span</td><td>{esc(p.name + service)} · {esc(p.layer or 'no layer')} · "
                         f"{esc(fmt_ms(p.ms))} ({p.share:.0%})</td></tr>")  # fmt: skip
         if e.gap is not None and e.gap.ms > 0:
-            where = f"inside {e.gap.inside}" + (f", after {e.gap.after}" if e.gap.after else "") + (f", before {e.gap.before}" if e.gap.before else "")
+            where = gap_place(e.gap)
             rows.append(f"<tr><td class=\"dim\">longest gap</td><td>{esc(fmt_ms(e.gap.ms))} no span explains, at "
                         f"+{esc(fmt_ms(e.gap.start_offset_ms))} {esc(where)}</td></tr>")  # fmt: skip
         status = f" · status {e.status_code}" if e.status_code is not None else ""

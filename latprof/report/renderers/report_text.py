@@ -13,7 +13,7 @@ from latprof.engine import Finding, fmt_ms
 from latprof.layers import DESCRIPTIONS
 from latprof.report.evidence import evidence_rows, with_unit
 from latprof.report.renderers import REPORT
-from latprof.report.renderers.report_common import cost_line, injected_line
+from latprof.report.renderers.report_common import cost_line, gap_place, injected_line
 from latprof.report.model import Report
 
 _SPARKS = "▁▂▃▄▅▆▇█"
@@ -159,7 +159,7 @@ def _explained(report: Report) -> list[Any]:
                 f"{p.name}{f' [{p.service}]' if p.service else ''}  {p.layer or 'no layer'}  {fmt_ms(p.ms)} ({p.share:.0%})" for p in e.path
             )))  # fmt: skip
         if e.gap is not None and e.gap.ms > 0:
-            where = f"inside {e.gap.inside}" + (f", after {e.gap.after}" if e.gap.after else "") + (f", before {e.gap.before}" if e.gap.before else "")
+            where = gap_place(e.gap)
             grid.add_row("longest gap", Text(f"{fmt_ms(e.gap.ms)} no span explains, at +{fmt_ms(e.gap.start_offset_ms)} {where}"))
         items: list[Any] = [head, Padding(grid, (0, 0, 0, 2))]
         for finding in e.findings:
