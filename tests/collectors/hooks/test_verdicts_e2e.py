@@ -204,7 +204,9 @@ def test_blocking_call(tmp_path: Path, http: str, loop: str) -> None:
     # The tail waited for the loop because of others: who blocked it is named, not charged.
     waited = [i for i in analysis.groups.tail if analysis.breakdowns[i].get(EVENT_LOOP, 0.0) >= 50]
     assert waited, [analysis.breakdowns[i] for i in analysis.groups.tail]
-    innocent = [i for i in waited if held_ms(i) == 0]
+    # A request's own short steps next to the block may be named too (a few ms under a loaded
+    # machine); what matters is that none of the 300 ms is charged to a request that waited.
+    innocent = [i for i in waited if held_ms(i) < 50]
     assert len(innocent) >= 0.8 * len(waited), [(analysis.requests[i].request.route, held_ms(i)) for i in waited]
     # Where they were awaiting something when the loop stopped (the provider, a query, a held
     # connection), the wait is nested under that segment: it owns that time, so it is event_loop
