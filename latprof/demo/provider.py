@@ -2,7 +2,7 @@
 
 Tests and `latprof demo` point the official `openai` client at it to create every
 LLM-side latency fault decisively: a TTFT floor, a prefill cost per 1k input tokens, random
-provider-side queueing spikes, a time per output token, the number of output tokens (and a
+provider-side queueing spikes, a time per output token (slower with more streams in flight), the number of output tokens (and a
 share of long answers among short ones), a concurrency limit that queues requests, and 429s
 (with `retry-after-ms`) for the first attempts of each request, and a connection reset
 mid-stream (`reset_after_events`).
@@ -17,6 +17,9 @@ Endpoints (HTTP/1.1 with keep-alive, bound to 127.0.0.1 only):
 - `POST /v1/responses`: non-streamed, or streamed as `response.created`, ...,
   `response.output_text.delta` (or `response.function_call_arguments.delta`) ...,
   `response.completed` events.
+- `POST /v1/messages` (and `/messages`): the Anthropic Messages API, non-streamed or streamed
+  as `message_start`, ..., `content_block_delta` ..., `message_stop` events, errors in its
+  shape (`latprof.demo.provider_anthropic`); the anthropic client's base URL is the root, no `/v1`.
 - `GET /v1/models`, and `GET /latprof/stats` (attempts, 429s, ... served so far).
 
 Timing of a streamed answer: the headers and the role-only first chunk (content "") go out at
@@ -34,6 +37,12 @@ Output length: every answer has `output_tokens` tokens, except that with
 long: decode owns the tail). Both are capped by the request's max_tokens / max_output_tokens
 (the answer then ends with finish reason `length`). With p = 0 nothing is drawn.
 
+Decode under load: with `tpot_ms_per_stream_in_flight` k, a streamed answer's next token comes
+`tpot_ms` + k x (streams decoding on this provider then - 1) after its last one, as in a
+crowded batch: a stream decodes from its first token to its last event, and every stream on
+the server counts (whatever its model or settings). A non-streamed answer's time is planned
+up front and neither slows nor is slowed. With k = 0 tokens keep their fixed schedule.
+
     with Provider(ttft_ms=300, tpot_ms=10, output_tokens=20) as provider:
         client = openai.OpenAI(base_url=provider.url, api_key="unused")
 
@@ -50,6 +59,7 @@ import json
 import math
 import random
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -58,6 +68,8 @@ import time
 import zlib
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
+
+from latprof.demo import provider_anthropic
 
 HOST = "127.0.0.1"
 
@@ -81,6 +93,9 @@ class ProviderConfig:
     spike_ms: float = 0.0
     #: Time per output token after the first.
     tpot_ms: float = 10.0
+    #: Time per output token added for each other stream decoding on this provider at the time
+    #: (a crowded batch): a token comes `tpot_ms` + this x (streams decoding - 1) after the last.
+    tpot_ms_per_stream_in_flight: float = 0.0
     #: Output tokens of an answer (capped by the request's max_tokens / max_output_tokens).
     output_tokens: int = 32
     #: Chance that an answer has `long_output_tokens` output tokens instead of `output_tokens`
@@ -102,16 +117,32 @@ class ProviderConfig:
     #: Reset the TCP connection (RST) in place of the Nth event of a streamed answer, after
     #: sending the N - 1 before it (0: never): a provider or proxy dropping a stream mid-way.
     reset_after_events: int = 0
+    #: Answer with `connection: close` and close the connection: every call opens a new one (a
+    #: provider or proxy that does not keep connections alive).
+    close_connection: bool = False
+    #: Wait this long on each new connection before serving it (before its TLS handshake with
+    #: TLS, so that it falls inside the client's handshake): the connection set-up of a far
+    #: endpoint, paid once per connection.
+    connect_delay_ms: float = 0.0
+    #: Chance that a new connection waits `connect_spike_ms` more (a lost handshake packet waits
+    #: for its retransmission: 1 s on Linux); drawn per connection from the seed.
+    connect_spike_probability: float = 0.0
+    connect_spike_ms: float = 0.0
+    #: Serve HTTPS with this certificate chain and key (PEM files; both or neither): the client
+    #: must trust the certificate's CA.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
     #: The model answered with when the request names none.
     model: str = "latprof-demo-1"
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("ttft_ms", "ttft_ms_per_1k_input_tokens", "spike_ms", "tpot_ms"):
+        for name in ("ttft_ms", "ttft_ms_per_1k_input_tokens", "spike_ms", "tpot_ms", "connect_delay_ms", "connect_spike_ms",
+                     "tpot_ms_per_stream_in_flight"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
-        for name in ("spike_probability", "long_output_probability"):
+        for name in ("spike_probability", "long_output_probability", "connect_spike_probability"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
                 raise ValueError(f"{name} must be within [0, 1], not {value!r}")
@@ -119,6 +150,8 @@ class ProviderConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
         if self.tool_calls not in ("auto", "always", "never"):
             raise ValueError(f"tool_calls must be auto, always or never, not {self.tool_calls!r}")
 
@@ -134,7 +167,8 @@ class ProviderConfig:
 
 
 #: Settings that apply to the server as a whole, not per request.
-_SERVER_ONLY = frozenset({"max_concurrency", "seed"})
+_SERVER_ONLY = frozenset({"max_concurrency", "seed", "connect_delay_ms", "connect_spike_probability", "connect_spike_ms",
+                          "tls_cert_file", "tls_key_file"})
 
 
 def _convert(value: Any, kind: type, name: str) -> Any:
@@ -223,6 +257,9 @@ def _head(status: int, headers: Sequence[tuple[str, str]], keep_alive: bool) -> 
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+_END = b"0\r\n\r\n"  # the end of a chunked body
+
+
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
@@ -287,7 +324,16 @@ class _ProviderServer:
         self._anonymous_attempts = 0
         self._limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
         self.stats = {"attempts": 0, "rate_limited": 0, "answered": 0, "streamed": 0, "disconnected": 0, "reset": 0}
+        self.decoding = 0  # streams between their first token and their last event (`tpot_ms_per_stream_in_flight`)
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.tls = _tls_context(config)
+        self._connect_rng = random.Random(f"{config.seed}:connect")  # its own stream: spikes of calls stay the same
+
+    def connect_delay_ms(self) -> float:
+        """How long the next new connection waits before it is served."""
+        config = self.config
+        spike = config.connect_spike_probability and self._connect_rng.random() < config.connect_spike_probability
+        return config.connect_delay_ms + (config.connect_spike_ms if spike else 0.0)
 
     def _next_id(self) -> int:
         self._ids += 1
@@ -327,10 +373,12 @@ class _ProviderServer:
             kind = "chat"
         elif path in ("/v1/responses", "/responses"):
             kind = "responses"
+        elif provider_anthropic.is_messages_path(path):
+            kind = "anthropic"
         else:
             return await self._error(writer, 404, f"no route {request.method} {request.path}", "invalid_request_error", request.keep_alive)
         if request.method != "POST":
-            return await self._error(writer, 405, f"use POST for {request.path}", "invalid_request_error", request.keep_alive)
+            return await self._error(writer, 405, f"use POST for {request.path}", "invalid_request_error", request.keep_alive, api=kind)
         try:
             payload = json.loads(request.body or b"{}")
             if not isinstance(payload, dict):
@@ -341,13 +389,15 @@ class _ProviderServer:
                     overrides[name[len("x-latprof-") :].replace("-", "_")] = value
             config = self.config.with_overrides(overrides)
         except (ValueError, TypeError) as exc:
-            return await self._error(writer, 400, str(exc), "invalid_request_error", request.keep_alive)
+            return await self._error(writer, 400, str(exc), "invalid_request_error", request.keep_alive, api=kind)
+        if config.close_connection:
+            request.keep_alive = False
 
         self.stats["attempts"] += 1
         if self._attempt_of(request) < config.fail_first:
             self.stats["rate_limited"] += 1
             headers = [("retry-after-ms", str(config.retry_after_ms)), ("retry-after", str(math.ceil(config.retry_after_ms / 1000)))]
-            return await self._error(writer, 429, "Rate limit reached (latprof demo provider)", "rate_limit_exceeded", request.keep_alive, headers)
+            return await self._error(writer, 429, "Rate limit reached (latprof demo provider)", "rate_limit_exceeded", request.keep_alive, headers, api=kind)
 
         if self._limit is not None:
             async with self._limit:  # queued requests wait here: provider-side queueing, inside TTFT
@@ -376,6 +426,9 @@ class _ProviderServer:
             last_is_tool_result = bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
             tools = [t.get("function", t) for t in payload.get("tools") or [] if isinstance(t, dict)]
             limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        elif kind == "anthropic":
+            texts, last_is_tool_result, tools, limit = provider_anthropic.read_request(payload)
+            prompt = _text_of(texts)
         else:
             items = payload.get("input")
             prompt = _text_of(items) + " " + _text_of(payload.get("instructions") or "")
@@ -414,26 +467,45 @@ class _ProviderServer:
         headers = [("x-request-id", f"req_{number}"), ("openai-model", answer.model)]
         if not stream:
             await _sleep_until(loop, start + answer.ttft_s + len(answer.pieces) * answer.tpot_s)
-            body = self._chat_completion(answer, number) if kind == "chat" else self._response(answer, number, "completed")
+            body = (self._chat_completion(answer, number) if kind == "chat" else provider_anthropic.message(answer, number)
+                    if kind == "anthropic" else self._response(answer, number, "completed"))
             headers.append(("openai-processing-ms", str(round((loop.time() - start) * 1000))))
             self.stats["answered"] += 1
             return await self._json(writer, 200, body, request.keep_alive, headers)
         headers += [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache"),
                     ("transfer-encoding", "chunked"), ("openai-processing-ms", str(round((loop.time() - start) * 1000)))]
         writer.write(_head(200, headers, request.keep_alive))
-        events = self._chat_events(answer, number, payload, config) if kind == "chat" else self._response_events(answer, number)
+        events = list(self._chat_events(answer, number, payload, config) if kind == "chat" else provider_anthropic.events(answer, number)
+                      if kind == "anthropic" else self._response_events(answer, number))
         first_token_at = start + answer.ttft_s
-        for index, (offset_tokens, data) in enumerate(events):
-            if offset_tokens is not None:
-                await _sleep_until(loop, first_token_at + offset_tokens * answer.tpot_s)
-            if config.reset_after_events and index + 1 >= config.reset_after_events:  # at the Nth event's time
-                _reset(writer)
-                self.stats["reset"] += 1
-                return False
-            writer.write(_chunk(data))
+        per_stream_s = config.tpot_ms_per_stream_in_flight / 1000
+        slot, slot_at, decoding = 0, first_token_at, False
+        try:
+            for index, (offset_tokens, data) in enumerate(events):
+                if offset_tokens is not None:
+                    if per_stream_s:  # each token one tpot after the last, at the load of the moment
+                        while slot < offset_tokens:
+                            slot, slot_at = slot + 1, slot_at + answer.tpot_s + per_stream_s * max(0, self.decoding - 1)
+                        await _sleep_until(loop, slot_at)
+                    else:
+                        await _sleep_until(loop, first_token_at + offset_tokens * answer.tpot_s)
+                    if not decoding:
+                        decoding, self.decoding = True, self.decoding + 1
+                if config.reset_after_events and index + 1 >= config.reset_after_events:  # at the Nth event's time
+                    _reset(writer)
+                    self.stats["reset"] += 1
+                    return False
+                # The body's end goes with the last event, as a server flushing a finished stream
+                # sends it: a client that closes the response after its last event (the openai
+                # SDK after `[DONE]`) then finds the body read and keeps the connection.
+                writer.write(_chunk(data) + (_END if index + 1 == len(events) else b""))
+                await writer.drain()
+        finally:
+            if decoding:
+                self.decoding -= 1
+        if not events:
+            writer.write(_END)
             await writer.drain()
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
         self.stats["answered"] += 1
         self.stats["streamed"] += 1
         return True
@@ -548,7 +620,9 @@ class _ProviderServer:
         return keep_alive
 
     async def _error(self, writer: asyncio.StreamWriter, status: int, message: str, code: str, keep_alive: bool,
-                     headers: Sequence[tuple[str, str]] = ()) -> bool:
+                     headers: Sequence[tuple[str, str]] = (), api: str = "openai") -> bool:
+        if api == "anthropic":
+            return await self._json(writer, status, provider_anthropic.error_body(status, message), keep_alive, headers)
         kind = "requests" if status == 429 else "invalid_request_error"
         body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         return await self._json(writer, status, body, keep_alive, headers)
@@ -560,6 +634,56 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+def _tls_context(config: ProviderConfig) -> ssl.SSLContext | None:
+    """The server's TLS context when the config names a certificate, else None."""
+    if not config.tls_cert_file:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    return context
+
+
+class _Gate(asyncio.Protocol):
+    """A new connection, held unread for `connect_delay_ms`, then (with TLS) its handshake, then served.
+
+    Reading is paused from the start, so the client's first bytes (its TLS ClientHello) wait
+    in the socket for the delay: the client sees it inside its connect or handshake.
+    """
+
+    def __init__(self, provider: _ProviderServer) -> None:
+        self.provider = provider
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # before the loop starts reading it
+        task = asyncio.get_running_loop().create_task(self._open(transport))
+        self.provider.tasks.add(task)
+        task.add_done_callback(self.provider.tasks.discard)
+
+    async def _open(self, transport: asyncio.Transport) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=_MAX_BODY_BYTES)
+        protocol = asyncio.StreamReaderProtocol(reader, self.provider.handle)
+        try:
+            delay_ms = self.provider.connect_delay_ms()
+            if delay_ms:
+                await asyncio.sleep(delay_ms / 1000)
+            if transport.is_closing():
+                return
+            if self.provider.tls is not None:
+                tls = await loop.start_tls(transport, protocol, self.provider.tls, server_side=True)
+                if tls is None:
+                    raise ConnectionError("the TLS handshake did not finish")
+                protocol.connection_made(tls)
+            else:
+                transport.set_protocol(protocol)
+                protocol.connection_made(transport)
+                transport.resume_reading()
+        except (OSError, ConnectionError, asyncio.CancelledError):  # the client left, or its handshake failed
+            self.provider.stats["disconnected"] += 1
+            transport.abort()
 
 
 async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
@@ -574,7 +698,11 @@ async def serve(config: ProviderConfig, port: int = 0, *, ready: Any = None, sto
     provider = _ProviderServer(config)
     if server_out is not None:
         server_out.append(provider)
-    server = await asyncio.start_server(provider.handle, HOST, port, limit=_MAX_BODY_BYTES)
+    if provider.tls is not None or config.connect_delay_ms or config.connect_spike_probability:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _Gate(provider), HOST, port)
+    else:
+        server = await asyncio.start_server(provider.handle, HOST, port, limit=_MAX_BODY_BYTES)
     try:
         if ready is not None:
             ready(server.sockets[0].getsockname()[1])
@@ -606,7 +734,7 @@ class Provider:
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}/v1"
+        return f"{'https' if self.config.tls_cert_file else 'http'}://{HOST}:{self.port}/v1"
 
     def stats(self) -> dict[str, int]:
         """Attempts, 429s, answers, streamed answers and broken connections served so far."""
@@ -614,7 +742,8 @@ class Provider:
             return dict(self._server[0].stats)
         import urllib.request
 
-        with urllib.request.urlopen(f"http://{HOST}:{self.port}/latprof/stats", timeout=10) as response:  # subprocess mode
+        context = ssl._create_unverified_context() if self.config.tls_cert_file else None  # our own loopback server
+        with urllib.request.urlopen(f"{self.url[: -len('/v1')]}/latprof/stats", timeout=10, context=context) as response:  # subprocess mode
             result: dict[str, int] = json.load(response)
             return result
 
@@ -699,6 +828,7 @@ _HELP = {
     "spike_probability": "chance that a call waits --spike-ms more for its first token (provider-side queueing)",
     "spike_ms": "the extra TTFT of a spike",
     "tpot_ms": "time per output token after the first",
+    "tpot_ms_per_stream_in_flight": "time per output token added per other stream decoding at the time (a crowded batch)",
     "output_tokens": "output tokens of an answer (capped by the request's max_tokens / max_output_tokens)",
     "long_output_probability": "chance that an answer has --long-output-tokens instead of --output-tokens",
     "long_output_tokens": "output tokens of a long answer (same cap)",
@@ -708,6 +838,12 @@ _HELP = {
     "role_chunk_first": "send the role-only chunk right after the headers",
     "tool_calls": "answer with a tool call: auto, always or never",
     "reset_after_events": "reset the connection in place of the Nth event of a streamed answer (0: never)",
+    "close_connection": "close the connection after each answer (no keep-alive)",
+    "connect_delay_ms": "wait this long on each new connection before serving it (inside the TLS handshake with TLS)",
+    "connect_spike_probability": "chance that a new connection waits --connect-spike-ms more (a lost handshake packet)",
+    "connect_spike_ms": "the extra wait of such a connection",
+    "tls_cert_file": "serve HTTPS with this PEM certificate chain (with --tls-key-file)",
+    "tls_key_file": "the PEM private key of --tls-cert-file",
     "model": "the model answered with when the request names none",
     "seed": "seed of the text, the spikes and the long answers",
 }
@@ -736,13 +872,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     def ready(bound: int) -> None:
-        print(f"latprof demo provider listening on http://{HOST}:{bound}/v1", flush=True)
+        print(f"latprof demo provider listening on {'https' if config.tls_cert_file else 'http'}://{HOST}:{bound}/v1", flush=True)
 
     try:
         asyncio.run(serve(config, port, ready=ready))
     except KeyboardInterrupt:
         pass
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # a port in use, a certificate that does not load
         print(f"latprof demo provider: error: {exc}", file=sys.stderr)
         return 2
     return 0
