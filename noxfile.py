@@ -2,7 +2,7 @@
 
 The README's test command covers the newest releases (openai 3.x on httpx2, SQLAlchemy
 2.1, psycopg_pool 3.3, asyncpg 0.32, redis-py 8); `nox -s hooks_legacy` runs the hook tests
-against the older supported lines (openai 2.x on httpx, SQLAlchemy 2.0, psycopg_pool 3.2,
+against the older supported lines (openai 2.x on httpx, anthropic 1.0, SQLAlchemy 2.0, psycopg_pool 3.2,
 asyncpg 0.29, redis-py 5) in an environment of their own. Skips are failures here: a hook
 test that skips has not tested that line.
 """
@@ -37,6 +37,7 @@ INJECT_PYTHONS = [_pyenv(v) for v in ("3.10", "3.12", "3.13")] + (
 LINE_REDUNDANT_E2E = (
     "test_verdicts_e2e.py::test_pool_held_across_llm_sqlite", "test_verdicts_e2e.py::test_threadpool_queueing",
     "test_verdicts_e2e.py::test_provider_floor", "test_verdicts_e2e.py::test_healthy", "test_verdicts_e2e.py::test_blocking_call",
+    "test_verdicts_e2e.py::test_growing_context",
     "test_tools_e2e.py::test_langchain_tools_gathered_or_dependent_do_not_fire",
     "test_tools_e2e.py::test_gathered_dependent_and_agent_loop_calls_do_not",
 )  # fmt: skip
@@ -48,11 +49,12 @@ LINE_INDEPENDENT_HOOK_TESTS = ("aiohttp_client_hook", "aiohttp_web_hook", "asgi_
 
 @nox.session
 def hooks_legacy(session: nox.Session) -> None:
-    session.install("-e", ".[test]", "-c", "tests/constraints.txt", "openai>=2,<3", "sqlalchemy>=2.0,<2.1", "psycopg-pool>=3.2,<3.3", "asyncpg>=0.29,<0.30", "redis>=5,<6")
+    session.install("-e", ".[test]", "-c", "tests/constraints.txt", "openai>=2,<3", "sqlalchemy>=2.0,<2.1", "psycopg-pool>=3.2,<3.3", "asyncpg>=0.29,<0.30", "redis>=5,<6",
+                    "anthropic>=1.0,<1.1")  # its first line: no span of its own (the anthropic hook writes one), no lazy stream iterator
     session.run(
         "python",
         "-c",
-        "import openai, sqlalchemy, psycopg_pool, asyncpg, redis; print('openai', openai.__version__, '- sqlalchemy',"
+        "import anthropic, openai, sqlalchemy, psycopg_pool, asyncpg, redis; print('anthropic', anthropic.__version__, '- openai', openai.__version__, '- sqlalchemy',"
         " sqlalchemy.__version__, '- psycopg_pool', psycopg_pool.__version__, '- asyncpg', asyncpg.__version__,"
         " '- redis', redis.__version__)",
     )
@@ -80,6 +82,23 @@ def inject_pythons(session: nox.Session) -> None:
     session.install("-e", ".", "pytest", "jsonschema", "uvicorn", "gunicorn", "flask", "-c", "tests/constraints.txt")
     tests = session.posargs or ["tests/inject/test_inject.py", "tests/inject/test_inject_container.py"]
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, env={"LATPROF_FORBID_SKIPS": "1"})
+
+
+@nox.session
+def litellm(session: nox.Session) -> None:
+    """The litellm hook's tests and LiteLLM's own OpenTelemetry spans, with LiteLLM (the `test-litellm` extra) in an
+    environment of its own: it brings about 330 MB and 20 packages (boto3, tokenizers, huggingface_hub, ...) that no
+    other test needs. Skips fail; LiteLLM reads its bundled model cost map instead of fetching it from the internet."""
+    session.install("-e", ".[test-litellm]", "pytest", "jsonschema", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http",
+                    "-c", "tests/constraints.txt")  # fmt: skip
+    tests = session.posargs or [
+        "tests/collectors/hooks/test_litellm_hook.py", "tests/collectors/traces/genai/test_litellm_otel.py",
+        "tests/collectors/hooks/test_scaffold.py::test_the_test_environment_is_held_to_the_lines_the_hooks_are_tested_on",
+        "tests/collectors/hooks/test_scaffold.py::test_installing_twice_changes_nothing_and_uninstall_restores_the_very_same_objects[litellm]",
+    ]  # fmt: skip
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
+                env={"LATPROF_FORBID_SKIPS": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_PROXY": "127.0.0.1,localhost",
+                     "no_proxy": "127.0.0.1,localhost"})  # fmt: skip
 
 
 #: What every GenAI instrumentation session installs: latprof, the test runner, the official openai

@@ -11,6 +11,8 @@ GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
 GEN_AI_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+#: The conversation (session, thread) an LLM call belongs to: read, never stored (`CONVERSATION_DIGEST` is).
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
 #: On an agent tool call (`execute_tool {name}`): the tool's name, and the model's id for the call.
 GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
@@ -44,6 +46,8 @@ TTFT_KNOWN: Final = "latprof.ttft_known"
 SPAN_STATUS_ERROR: Final = "latprof.span.status_error"
 #: str shared by the provider and model segments of one LLM call.
 LLM_CALL_ID: Final = "latprof.llm_call_id"
+#: str on an LLM segment: the keyed digest of its conversation id (`latprof.digests`), never the id itself.
+CONVERSATION_DIGEST: Final = "latprof.conversation.digest"
 #: bool: the segment's boundaries are an estimate, not a measurement.
 ESTIMATED: Final = "latprof.estimated"
 #: bool on an LLM segment from stack samples: TTFT and decode could not be told apart.
@@ -93,6 +97,18 @@ HTTP_POOL_NAME: Final = "latprof.http.pool.name"
 HTTP_POOL_MAX_CONNECTIONS: Final = "latprof.http.pool.max_connections"
 HTTP_POOL_MAX_KEEPALIVE: Final = "latprof.http.pool.max_keepalive_connections"
 HTTP_POOL_MAX_PER_HOST: Final = "latprof.http.pool.max_per_host"
+#: On an LLM call's `provider` segment, from the HTTP client's own events (httpcore's trace
+#: extension, aiohttp's `TraceConfig`) for the call's last HTTP attempt: float ms spent resolving
+#: the host (aiohttp only: httpcore resolves inside its connect), opening the TCP connection, the
+#: TLS handshake, sending the request, and from the request sent to the response's headers (the
+#: server's time to first byte, one network round trip included); and bool, whether the attempt
+#: opened a new connection (absent: the client did not say).
+NET_DNS_MS: Final = "latprof.net.dns_ms"
+NET_CONNECT_MS: Final = "latprof.net.connect_ms"
+NET_TLS_MS: Final = "latprof.net.tls_ms"
+NET_UPLOAD_MS: Final = "latprof.net.upload_ms"
+NET_SERVER_MS: Final = "latprof.net.server_ms"
+NET_NEW_CONNECTION: Final = "latprof.net.new_connection"
 #: On a `queue` segment of a task that waited for a worker of a `ThreadPoolExecutor`: the
 #: pool's thread name prefix, and its `max_workers`.
 THREAD_POOL_NAME: Final = "latprof.thread_pool.name"

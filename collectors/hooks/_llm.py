@@ -1,6 +1,6 @@
-"""One LLM call, as the openai, httpx and aiohttp_client hooks record it: first token, provider/model split, usage.
+"""One LLM call, as the openai, anthropic, httpx and aiohttp_client hooks record it: first token, provider/model split, usage.
 
-Not a hook itself. The openai hook sees a call through the SDK's objects, the HTTP hooks
+Not a hook itself. The openai and anthropic hooks see a call through the SDK's objects (`_sdk`), the HTTP hooks
 through its raw bytes (`_outbound`); what a call is, and how it is recorded, is the same:
 
 - **First token.** A streamed call's first token is its first chunk with any non-empty delta
@@ -15,9 +15,11 @@ through its raw bytes (`_outbound`); what a call is, and how it is recorded, is 
 - **Usage** (`LlmCall.note`): the model that answered, and the token counts of a Chat
   (`prompt_tokens`/`completion_tokens`) or Responses/Anthropic (`input_tokens`/`output_tokens`)
   usage, object or dict, from what the caller read; never requested on its behalf.
-- **Retries** of the SDK's own backoff are the openai hook's `retry` segments, inside the
+- **Retries** of the SDK's own backoff are the openai and anthropic hooks' `retry` segments, inside the
   call's `provider` segment; a raw HTTP call's retries are the service's own calls and sleeps.
-- **Counted once** (`in_sdk_call`): while the openai hook records a call, the HTTP hooks
+- **Network** (`net`, filled by `_net` while `timed_call` holds the call): the last HTTP
+  attempt's DNS, connect, TLS, upload and server time, on the `provider` segment only.
+- **Counted once** (`in_sdk_call`): while an SDK hook records a call, the HTTP hooks
   record only its pool wait, not the HTTP request the SDK sends for it.
 """
 
@@ -35,6 +37,10 @@ from latprof.semconv import GEN_AI_INPUT_TOKENS, GEN_AI_OUTPUT_TOKENS, GEN_AI_RE
 #: call, not two, and the HTTP hooks leave the call's HTTP request to it.
 in_sdk_call: contextvars.ContextVar[bool] = contextvars.ContextVar("latprof_openai_in_call", default=False)
 
+#: Set while a hook records an LLM call whose HTTP attempts the HTTP hooks can time (`_net`): the
+#: call, whose `net` the client's connection events fill.
+timed_call: contextvars.ContextVar[LlmCall | None] = contextvars.ContextVar("latprof_llm_timed_call", default=None)
+
 #: Delta fields of a chat chunk that carry output (vLLM and DeepSeek stream reasoning in the last two).
 DELTA_FIELDS = ("content", "tool_calls", "refusal", "function_call", "reasoning_content", "reasoning")
 #: Responses stream events that carry the whole response so far (its model and usage), no token.
@@ -50,9 +56,10 @@ class LlmCall:
     The per-chunk hot paths do what `token` does inline.
     """
 
-    __slots__ = ("first_ns", "chunks", "input_tokens", "output_tokens", "response_model")
+    __slots__ = ("first_ns", "chunks", "input_tokens", "output_tokens", "response_model", "net")
 
     def __init__(self) -> None:
+        self.net: dict[str, Any] | None = None  # the last HTTP attempt's network timings (`_net`), for the provider segment
         self.first_ns: int | None = None
         self.chunks = 0
         self.input_tokens: Any = None
@@ -94,8 +101,8 @@ class LlmCall:
         if streamed:
             attrs[OUTPUT_CHUNKS] = self.chunks
         first = self.first_ns if streamed else None
-        runtime.record(name, PROVIDER, start_ns, first if first is not None else end_ns, attrs, parent_id=parent,
-                       segment_id=segment_id, state=state)  # fmt: skip
+        runtime.record(name, PROVIDER, start_ns, first if first is not None else end_ns, {**attrs, **self.net} if self.net else attrs,
+                       parent_id=parent, segment_id=segment_id, state=state)  # fmt: skip
         if first is not None:
             runtime.record(name, MODEL, first, max(first, end_ns), attrs, parent_id=parent, state=state)
 

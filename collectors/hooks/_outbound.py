@@ -483,9 +483,10 @@ def begin(request: Any, hook: str) -> Exchange | None:
 
 
 def nest(exchange: Exchange) -> Any:
-    """Make the pool wait of this call a child of its segment (until `unnest`): a token."""
+    """Make the pool wait of this call a child of its segment, and time an LLM call's connection
+    (`_llm.timed_call`), until `unnest`: a token."""
     try:
-        return _parent_var.set(exchange.segment_id)
+        return _parent_var.set(exchange.segment_id), _llm.timed_call.set(exchange if exchange.llm is not None else None)
     except Exception as exc:
         runtime.count_error(exchange.hook, exc)
         return None
@@ -494,7 +495,8 @@ def nest(exchange: Exchange) -> Any:
 def unnest(token: Any, hook: str) -> None:
     if token is not None:
         try:
-            _parent_var.reset(token)
+            _parent_var.reset(token[0])
+            _llm.timed_call.reset(token[1])
         except ValueError:  # left from another context
             pass
         except Exception as exc:

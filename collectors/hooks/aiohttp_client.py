@@ -15,6 +15,9 @@ is `collectors/hooks/_outbound.py`:
   `http.pool` segment, nested under the call's segment, with the limits
   (`latprof.http.pool.max_connections`, `latprof.http.pool.max_per_host`, absent when
   unlimited) and the host.
+- **Network.** An LLM call's connection (DNS, TCP and TLS together, request sent, the server's
+  first byte) is timed by a `TraceConfig` added to its session at the session's first LLM call
+  (`collectors/hooks/_net.py`); its handlers return at once for any other call.
 - **Not twice.** Inside an openai SDK call nothing but the pool wait is recorded (the SDK hook
   has the call), as in the httpx hook. Outside a request nothing is recorded.
 """
@@ -24,7 +27,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from latprof.collectors.hooks import _outbound, _scaffold, runtime
+from latprof.collectors.hooks import _net, _outbound, _scaffold, runtime
+from latprof.collectors.hooks._llm import timed_call as _timed_call
 
 from latprof import semconv
 from latprof.layers import HTTP_POOL
@@ -89,6 +93,11 @@ def _patch_client(module: Any) -> None:
             try:
                 url = self._build_url(str_or_url) if hasattr(self, "_build_url") else URL(str_or_url)
                 exchange = _outbound.begin(_Request(str(method).upper(), url, kwargs.get("data")), HOOK)
+            except Exception as exc:
+                runtime.count_error(HOOK, exc)
+            try:
+                if (exchange.llm is not None) if exchange is not None else _timed_call.get() is not None:
+                    _net.trace_aiohttp(self)  # an LLM call, raw or the SDK's: time its connection
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
         if exchange is None:

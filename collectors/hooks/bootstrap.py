@@ -12,10 +12,12 @@ from latprof.collectors.hooks import (
     agent_tools,
     aiohttp_client,
     aiohttp_web,
+    anthropic,
     asgi,
     asyncio_loop,
     asyncpg,
     httpx,
+    litellm,
     locks,
     openai,
     psycopg_pool,
@@ -40,8 +42,8 @@ ENV_STATUS_DIR = "LATPROF_STATUS_DIR"
 HOOKS: dict[str, ModuleType] = {
     module.__name__.rpartition(".")[2]: module
     for module in (
-        agent_tools, aiohttp_client, aiohttp_web, asgi, asyncio_loop, asyncpg, httpx, locks, openai, psycopg_pool,
-        redis, sleeps, sqlalchemy, threads, wsgi,
+        agent_tools, aiohttp_client, aiohttp_web, anthropic, asgi, asyncio_loop, asyncpg, httpx, litellm, locks, openai,
+        psycopg_pool, redis, sleeps, sqlalchemy, threads, wsgi,
     )
 }  # fmt: skip
 

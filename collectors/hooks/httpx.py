@@ -72,8 +72,9 @@ import sys
 import time
 from typing import Any, Callable, Iterator
 
-from latprof.collectors.hooks import _scaffold, runtime
+from latprof.collectors.hooks import _net, _scaffold, runtime
 from latprof.collectors.hooks._llm import in_sdk_call as _in_sdk_call
+from latprof.collectors.hooks._llm import timed_call as _timed_call
 from latprof.collectors.hooks._outbound import (  # the call model, shared with the aiohttp_client hook
     DEFAULT_LLM_PATHS,
     ENV_LLM_PATHS,
@@ -275,6 +276,9 @@ def _entered(pool: Any, request: Any, family: _Family) -> None:
             state = _pool_state(pool, family)
         if _monotonic() - state.gauged_at_ns >= GAUGE_INTERVAL_NS:
             _read_gauges(pool, state, waiting=False)
+        call = _timed_call.get()
+        if call is not None:  # an LLM call's attempt: time its connection (async pools only come here)
+            _net.trace_httpcore(request, call, True)
     except Exception as exc:
         runtime.count_error(HOOK, exc)
     finally:
@@ -290,6 +294,9 @@ def _sync_handle_request(original: Callable[..., Any], family: _Family) -> Calla
                 state = self.__dict__.get(_STATE_ATTR)
                 if state is None or _monotonic() - state.gauged_at_ns >= GAUGE_INTERVAL_NS:
                     _read_gauges(self, state or _pool_state(self, family), waiting=False)
+                call = _timed_call.get()
+                if call is not None:
+                    _net.trace_httpcore(request, call, False)
             except Exception as exc:
                 runtime.count_error(HOOK, exc)
             finally:
@@ -440,6 +447,7 @@ def _sync_send(original: Callable[..., Any], family: _Family) -> Callable[..., A
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
         sent_kwargs = {**kwargs, "stream": True} if read_here else kwargs
         token = _parent_var.set(exchange.segment_id)  # _outbound.nest: the pool wait of this call is its child
+        timed = _timed_call.set(exchange if exchange.llm is not None else None)  # an LLM call's connection is timed
         runtime.cost_end(timing)
         try:
             response = original(self, request, *args, **sent_kwargs)
@@ -450,6 +458,7 @@ def _sync_send(original: Callable[..., Any], family: _Family) -> Callable[..., A
             finally:
                 try:  # _outbound.unnest
                     _parent_var.reset(token)
+                    _timed_call.reset(timed)
                 except ValueError:  # left from another context
                     pass
                 runtime.cost_end(timing)
@@ -458,6 +467,7 @@ def _sync_send(original: Callable[..., Any], family: _Family) -> Callable[..., A
         try:
             try:  # _outbound.unnest
                 _parent_var.reset(token)
+                _timed_call.reset(timed)
             except ValueError:  # left from another context
                 pass
             exchange.responded(response, family.sync_watch)
@@ -504,6 +514,7 @@ def _async_send(original: Callable[..., Any], family: _Family) -> Callable[..., 
         read_here = exchange.llm is not None and not kwargs.get("stream", False)
         sent_kwargs = {**kwargs, "stream": True} if read_here else kwargs
         token = _parent_var.set(exchange.segment_id)  # _outbound.nest: the pool wait of this call is its child
+        timed = _timed_call.set(exchange if exchange.llm is not None else None)  # an LLM call's connection is timed
         runtime.cost_end(timing)
         try:
             response = await original(self, request, *args, **sent_kwargs)
@@ -514,6 +525,7 @@ def _async_send(original: Callable[..., Any], family: _Family) -> Callable[..., 
             finally:
                 try:  # _outbound.unnest
                     _parent_var.reset(token)
+                    _timed_call.reset(timed)
                 except ValueError:  # left from another context
                     pass
                 runtime.cost_end(timing)
@@ -522,6 +534,7 @@ def _async_send(original: Callable[..., Any], family: _Family) -> Callable[..., 
         try:
             try:  # _outbound.unnest
                 _parent_var.reset(token)
+                _timed_call.reset(timed)
             except ValueError:  # left from another context
                 pass
             exchange.responded(response, family.async_watch)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from latprof.collectors.hooks.bootstrap import ENV_STATUS_DIR, HOOKS, hook_names
+from latprof.digests import ENV_DIGEST_KEY, new_key
 from latprof.errors import InputError
 
 #: The folder whose `sitecustomize.py` loads the hooks; put first on the command's PYTHONPATH.
@@ -63,11 +64,13 @@ def hooked_environment(
     status_dir: Path | None = None,
 ) -> dict[str, str]:
     """The command's environment: where to record, which hooks, how many requests a second at
-    most (None: the hooks' default; 0: all), where each process leaves its writer's totals, and
-    latprof's sitecustomize first."""
+    most (None: the hooks' default; 0: all), where each process leaves its writer's totals, the
+    session's conversation-digest key (`latprof.digests`), and latprof's sitecustomize first."""
     env = dict(os.environ if environ is None else environ)
     env[ENV_CAPTURE] = str(capture.resolve())
     env[ENV_HOOKS] = hooks
+    # One key per session: a conversation's digest is the same in every process of the service.
+    env[ENV_DIGEST_KEY] = env.get(ENV_DIGEST_KEY) or new_key()
     if status_dir is not None:
         env[ENV_STATUS_DIR] = str(status_dir.resolve())
     else:

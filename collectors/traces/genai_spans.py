@@ -12,6 +12,12 @@ has the versions checked):
   `gen_ai.content.completion.chunk` span event per streamed chunk (older: `llm.content.completion.chunk`);
 - OpenInference's `openinference-instrumentation-openai` (Arize Phoenix): `openinference.span.kind`
   LLM, `llm.model_name`, `llm.token_count.prompt`/`completion`, and a `First Token Stream Event`;
+- the anthropic client's own spans (1.17 and 2.x, `anthropic.messages.create`) and OpenLLMetry's
+  anthropic instrumentation (`anthropic.chat`) use the GenAI names too: the first, a stream's
+  `gen_ai.response.time_to_first_chunk`; the second, no first chunk at all (`ttft_known: false`);
+- LiteLLM's own `otel` callback (scope `litellm`): GenAI names on a `litellm_request` span, no
+  first-token time (a metric only); its `raw_gen_ai_request` child holds the raw request and
+  answer, and is dropped whole (`is_raw_payload`);
 - Logfire's `logfire.instrument_openai()`: GenAI names on a request span that, for a streamed
   call, ends when the response object is returned; the stream itself is a log record (a
   zero-length span, `logfire.span_type` log) at the stream's end with its `duration` in seconds.
@@ -80,6 +86,18 @@ OPENINFERENCE = GenAINames(
     output_tokens=("llm.token_count.completion",),
     first_token_events=("First Token Stream Event",),
 )
+#: LiteLLM's `otel` callback (scope `litellm`): GenAI names on its `litellm_request` span (also OpenLLMetry's
+#: `llm.request.type`), no first-token time (a metric only).
+LITELLM = GenAINames(
+    name="litellm",
+    model=(GEN_AI_REQUEST_MODEL, GEN_AI_RESPONSE_MODEL),
+    input_tokens=(GEN_AI_INPUT_TOKENS,),
+    output_tokens=(GEN_AI_OUTPUT_TOKENS,),
+    ttft_s=(GEN_AI_TTFT,),
+)
+#: (scope, name) of LiteLLM's `raw_gen_ai_request` span: the raw request and answer as `llm.<provider>.<field>`
+#: attributes (`llm.openai.messages`, `llm.openai.choices`), content only; dropped whole (`is_raw_payload`).
+LITELLM_RAW_PAYLOAD = ("litellm", "raw_gen_ai_request")
 LOGFIRE = GenAINames(
     name="logfire",
     model=(GEN_AI_REQUEST_MODEL, GEN_AI_RESPONSE_MODEL),
@@ -108,8 +126,13 @@ CONTENT_KEYS: tuple[str, ...] = (
     "input.value", "output.value", "llm.input_messages", "llm.output_messages", "llm.prompts", "llm.prompt_template",
     "llm.tools", "llm.invocation_parameters", "embedding.embeddings", "retrieval.documents", "message.",
     "traceloop.entity.input", "traceloop.entity.output", "request_data", "response_data", "events",
-    "logfire.msg", "logfire.json_schema",
+    "logfire.msg", "logfire.json_schema", "anthropic.tool_result.content",
 )  # fmt: skip
+
+
+def is_raw_payload(span: Span) -> bool:
+    """True for a span that holds nothing but a raw request and answer (LiteLLM's `raw_gen_ai_request`)."""
+    return span.name == LITELLM_RAW_PAYLOAD[1] and span.scope == LITELLM_RAW_PAYLOAD[0]
 
 
 def is_content(key: str) -> bool:
@@ -139,6 +162,10 @@ def genai_kind(attrs: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: Scopes of OpenLLMetry's instrumentations of the openai and anthropic clients (openai-v2's is `...openai_v2`).
+_OPENLLMETRY_SCOPES = ("opentelemetry.instrumentation.openai.", "opentelemetry.instrumentation.anthropic")
+
+
 def names_of(span: Span) -> GenAINames:
     """The table `span` is read by: by its instrumentation scope, else by the attributes it carries."""
     scope = span.scope
@@ -147,7 +174,9 @@ def names_of(span: Span) -> GenAINames:
         return OPENINFERENCE
     if scope.startswith("logfire") or "logfire.span_type" in attrs:
         return LOGFIRE
-    if scope.startswith("opentelemetry.instrumentation.openai.") or "llm.request.type" in attrs or "gen_ai.is_streaming" in attrs:
+    if scope == LITELLM_RAW_PAYLOAD[0]:  # before OpenLLMetry: LiteLLM writes its `llm.request.type` too
+        return LITELLM
+    if scope.startswith(_OPENLLMETRY_SCOPES) or "llm.request.type" in attrs or "gen_ai.is_streaming" in attrs:
         return OPENLLMETRY  # its scope is `opentelemetry.instrumentation.openai.v1`; openai-v2's is util.genai's or `...openai_v2`
     return OTEL_GENAI
 

@@ -52,10 +52,11 @@ from typing import IO, Any, Callable, Mapping, NamedTuple, Sequence
 import orjson
 
 from latprof.collectors.traces import otlp_json, otlp_proto
-from latprof.collectors.traces.genai_spans import CONTENT_KEYS
+from latprof.collectors.traces.genai_spans import CONTENT_KEYS, is_raw_payload
 from latprof.collectors.traces.spans import Span
+from latprof.digests import conversation_digest
 from latprof.errors import ConfigError, InputError
-from latprof.semconv import HTTP_REQUEST_HEADER_X_REQUEST_START, HTTP_REQUEST_HEADER_X_REQUEST_START_PY
+from latprof.semconv import GEN_AI_CONVERSATION_ID, HTTP_REQUEST_HEADER_X_REQUEST_START, HTTP_REQUEST_HEADER_X_REQUEST_START_PY
 
 DEFAULT_LISTEN = "127.0.0.1:4318"
 TRACES_PATH = "/v1/traces"
@@ -770,7 +771,7 @@ def encode_request(spans: Sequence[Span]) -> bytes:
         out["kind"] = span.kind
         out["startTimeUnixNano"] = str(span.start_ns)
         out["endTimeUnixNano"] = str(span.end_ns)
-        if span.attrs:
+        if span.attrs and not is_raw_payload(span):  # LiteLLM's raw request and answer: content only
             out["attributes"] = _key_values(span.attrs)
         if span.events:
             out["events"] = [{"timeUnixNano": str(ev.ts_ns), "name": ev.name, "attributes": _key_values(ev.attrs)}
@@ -795,12 +796,14 @@ _PRIVATE_KEYS: tuple[str, ...] = CONTENT_KEYS + (
 #: Private by prefix but read by the ingress inference (`latprof.analysis.ingress_inference`).
 _READ_HEADERS = frozenset({HTTP_REQUEST_HEADER_X_REQUEST_START, HTTP_REQUEST_HEADER_X_REQUEST_START_PY})
 #: URLs written without their query string and fragment (the analysis reads the host and the path).
+#: `gen_ai.conversation.id` is written as its keyed digest (`latprof.digests`): it groups turns, never names one.
 _URL_KEYS = frozenset({"url.full", "http.url", "http.target"})
 
 
 def _key_values(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [
-        {"key": key, "value": _any_value(_without_query(value) if key in _URL_KEYS else value)}
+        {"key": key, "value": _any_value(_without_query(value) if key in _URL_KEYS else
+                                         (conversation_digest(value) or "") if key == GEN_AI_CONVERSATION_ID else value)}
         for key, value in attrs.items()
         if not key.startswith(_PRIVATE_KEYS) or key in _READ_HEADERS
     ]

@@ -18,6 +18,7 @@ span explains is `unattributed` (traces carry no CPU time), which `latprof.analy
 | other CLIENT spans (HTTP, RPC, ...) and PRODUCER spans           | `tool` |
 | CONSUMER span with a link to (or a parent that is) a message's send/create span in the file | `queue` from that span's start to the consumer span's start; a `receive` span's own duration is polling, no layer |
 | ASGI `http send` / `http receive` spans (`asgi.event.type`)     | dropped: zero-length noise for gaps and sequences |
+| scope `litellm`, name `raw_gen_ai_request` (LiteLLM's raw request and answer) | dropped: content only, the `litellm_request` span above it is the call |
 | SERVER spans below the root, INTERNAL and other spans            | none: their children count, their own time stays uncovered |
 
 A span that carries latprof's own layer (`latprof.layer`, which `latprof export --format otlp`
@@ -31,6 +32,10 @@ An HTTP call inside a GenAI model span is that call's transport: it gets no laye
 proxy's request-start header when the span recorded it, and, for a server root with another server
 span below it, what tells a proxy (`_root_attrs`): `latprof.analysis.ingress_inference` reads the
 queue in front of the app from them.
+
+`gen_ai.conversation.id`, on any span of a request, is never kept: each span that carries it
+gets its keyed digest instead (`latprof.conversation.digest`, `latprof.digests`), and so do the
+LLM calls of the request below it; the `context-growth` rule groups turns by it.
 """
 
 from __future__ import annotations
@@ -41,8 +46,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from latprof.events import NO_ATTRS, Request, Segment
 from latprof.layers import DB_POOL, DB_QUERY, MODEL, PROVIDER, QUEUE, SEGMENT_LAYERS, TOOL
+from latprof.digests import conversation_digest
 from latprof.semconv import (
+    CONVERSATION_DIGEST,
     ERROR_TYPE,
+    GEN_AI_CONVERSATION_ID,
     HTTP_REQUEST_HEADER_X_REQUEST_START,
     HTTP_REQUEST_HEADER_X_REQUEST_START_PY,
     HTTP_REQUEST_METHOD,
@@ -143,7 +151,7 @@ def classify(span: Span, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> str | 
         return TOOL
     if kind == KIND_PRODUCER:
         return TOOL
-    if "asgi.event.type" in attrs:
+    if "asgi.event.type" in attrs or genai_spans.is_raw_payload(span):
         return _DROP
     return None
 
@@ -371,6 +379,8 @@ def map_trace(
         start_ns, end_ns = root[5], root[6]
         reached += 1
         root_id = root[1]
+        # the request's conversation, digested: LLM calls below a span that names it get it too
+        conversation = conversation_digest(root[9][GEN_AI_CONVERSATION_ID]) if GEN_AI_CONVERSATION_ID in root[9] else None
         # depth-first: (span, its parent span, inside an LLM model call)
         stack: list[tuple[Span, Span, bool]] = [(kid, root, False) for kid in children.get(root_id, ())]
         last_resource: Any = None  # the instance number of the last span's resource and service, reused
@@ -388,6 +398,9 @@ def map_trace(
                 last_resource, last_service, pid = span[13], span[7], _instance(span, counts)
             if span[10] == failed:
                 span = span._replace(attrs=error_attrs(span))
+            if GEN_AI_CONVERSATION_ID in span[9]:  # never kept: its digest is
+                span = span._replace(attrs=digested(span[9]))
+                conversation = span[9].get(CONVERSATION_DIGEST) or conversation
             child_in_llm = in_llm
             s_start, s_end = span[5], span[6]
             if span[7] != parent_span[7] and (s_start < parent_span[5] - 1_000_000 or s_end > parent_span[6] + 1_000_000):
@@ -398,6 +411,8 @@ def map_trace(
             if layer is _GENAI_MODEL:
                 child_in_llm = True
                 calls = _model_call(request_id, span, parent_segment, pid, counts)
+                if conversation is not None and CONVERSATION_DIGEST not in calls[0][8]:
+                    calls = [call._replace(attrs={**call[8], CONVERSATION_DIGEST: conversation}) for call in calls]
                 segments.extend(calls)
                 for call in calls:
                     if call[4] is not None:
@@ -502,6 +517,16 @@ def _model_call(request_id: str, span: Span, parent_segment: str | None, pid: in
         ]
     attrs = {**call.attrs, LLM_CALL_ID: sid, TTFT_KNOWN: False}
     return [Segment(request_id, sid, parent_segment, span[3], PROVIDER, start, end, pid, attrs)]
+
+
+def digested(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """`attrs` with `gen_ai.conversation.id` replaced by its keyed digest (`latprof.digests`,
+    `latprof.conversation.digest`): the id itself is never kept."""
+    out = {key: value for key, value in attrs.items() if key != GEN_AI_CONVERSATION_ID}
+    digest = conversation_digest(attrs.get(GEN_AI_CONVERSATION_ID))
+    if digest is not None:
+        out[CONVERSATION_DIGEST] = digest
+    return out
 
 
 def may_have_failed(attrs: Mapping[str, Any]) -> bool:

@@ -2,8 +2,8 @@
 
 One FastAPI service under `latprof run -- python -m uvicorn` (and a Flask one under gunicorn, an
 aiohttp.web one) gets canaries — `CANARY_<group>_<purpose>_<hex>` — as prompts and completions
-(the official openai client streamed and not, against the demo provider and an echo server that
-answers canaries; raw LLM HTTP via httpx and aiohttp), tool arguments and results (LangChain,
+(the official openai and anthropic clients streamed and not, against the demo provider and an echo
+server that answers canaries; raw LLM HTTP via httpx and aiohttp), tool arguments and results (LangChain,
 the OpenAI Agents SDK, MCP), SQL parameters, literals and comments (SQLAlchemy, psycopg_pool,
 asyncpg on the real PostgreSQL), Redis keys and values, URL paths and query strings, request
 and response headers (Authorization, Cookie, Set-Cookie, a custom one), exception messages,
@@ -66,6 +66,7 @@ REDIS_URL = os.environ.get("LATPROF_TEST_REDIS", "redis://127.0.0.1:6379/0")
 #: The purposes of each group's canaries; a group is named after the hook that should see them.
 PURPOSES: dict[str, tuple[str, ...]] = {
     "openai": ("prompt", "system", "user", "api_key", "custom_header", "completion", "usage_tokens"),
+    "anthropic": ("prompt", "system", "api_key", "custom_header", "completion", "usage_tokens"),
     "httpx": ("path", "query", "body", "prompt", "completion", "authorization", "cookie", "custom_header", "set_cookie",
               "response_body", "usage_tokens"),
     "aiohttp_client": ("path", "query", "body", "prompt", "completion", "authorization", "cookie", "custom_header",
@@ -133,7 +134,7 @@ class _Echo(http.server.BaseHTTPRequestHandler):
         pass
 
     def _group(self, raw: bytes) -> str:
-        for group in ("openai", "httpx", "aiohttp_client", "agents"):
+        for group in ("openai", "anthropic", "httpx", "aiohttp_client", "agents"):
             if f"CANARY_{group}_".encode() in raw:
                 return group
         return "httpx"
@@ -169,6 +170,8 @@ class _Echo(http.server.BaseHTTPRequestHandler):
         payload = json.loads(body or b"{}")
         if self.path.endswith("/responses"):
             self._send(json.dumps(self._agent_turn(payload, c)).encode(), "application/json", group)
+        elif self.path.endswith("/v1/messages"):
+            self._anthropic_answer(payload, c, group)
         elif self.path.endswith("/chat/completions"):
             text = c["completion"]
             if payload.get("stream"):
@@ -190,6 +193,26 @@ class _Echo(http.server.BaseHTTPRequestHandler):
                 self._send(json.dumps(answer).encode(), "application/json", group)
         else:
             self._send(json.dumps({"echo": c.get("response_body", "")}).encode(), "application/json", group)
+
+    def _anthropic_answer(self, payload: dict[str, Any], c: dict[str, str], group: str) -> None:
+        """The Messages API's answer: the completion canary, and token counts that are not numbers (not to be written as they came)."""
+        text = c["completion"]
+        usage = {"input_tokens": c["usage_tokens"], "output_tokens": c["usage_tokens"]}
+        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "echo", "stop_reason": None, "stop_sequence": None}
+        if not payload.get("stream"):
+            answer = {**message, "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "usage": usage}
+            self._send(json.dumps(answer).encode(), "application/json", group)
+            return
+        events = [
+            {"type": "message_start", "message": {**message, "content": [], "usage": usage}},
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": part}} for part in (text, " and again " + text)),
+            {"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": c["usage_tokens"]}},
+            {"type": "message_stop"},
+        ]  # fmt: skip
+        sse = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+        self._send(sse, "text/event-stream", group, stream=True)
 
     @staticmethod
     def _agent_turn(payload: dict[str, Any], c: dict[str, str]) -> dict[str, Any]:
@@ -389,7 +412,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             argv = run.canaries["run"]["argv"]
             for group, base, app, leaks in (
                 ("asgi", harness.Server, "tests.privacy.privacy_apps.service:app",
-                 [f"/leak/{kind}" for kind in ("run", "openai", "httpx", "aiohttp", "sqlalchemy", "psycopg_pool", "asyncpg",
+                 [f"/leak/{kind}" for kind in ("run", "openai", "anthropic", "httpx", "aiohttp", "sqlalchemy", "psycopg_pool", "asyncpg",
                                                "redis", "langchain", "mcp", *(["agents"] if AGENTS_SDK else []))]),
                 ("wsgi", harness.GunicornServer, "tests.privacy.privacy_apps.wsgi_service:app", []),
                 ("aiohttp_web", harness.AiohttpServer, "tests.privacy.privacy_apps.aiohttp_service:init", []),
@@ -434,6 +457,8 @@ def _recorded_by(run: Run, group: str) -> None:
     attrs = [s.attrs for s in segments]
     if group == "openai":
         assert any(a.get("gen_ai.request.model") == "demo" for a in attrs), names
+    elif group == "anthropic":
+        assert {a.get("gen_ai.response.model") for a in attrs if a.get("gen_ai.provider.name") == "anthropic"} >= {"demo", "echo"}, names
     elif group in ("httpx", "aiohttp_client"):
         assert any(a.get("gen_ai.request.model") == "echo" or a.get("gen_ai.response.model") == "echo" for a in attrs), names
         assert sum(1 for n in names if n.startswith("HTTP ")) >= 1, names
@@ -446,7 +471,7 @@ def _recorded_by(run: Run, group: str) -> None:
         assert any(a.get("latprof.tool.framework") == framework for a in attrs), names
 
 
-@pytest.mark.parametrize("group", ["openai", "httpx", "aiohttp_client", "sqlalchemy", "psycopg_pool", "asyncpg", "redis",
+@pytest.mark.parametrize("group", ["openai", "anthropic", "httpx", "aiohttp_client", "sqlalchemy", "psycopg_pool", "asyncpg", "redis",
                                    "langchain", "agents", "mcp"])  # fmt: skip
 def test_canaries_through_a_client_hook_are_nowhere_latprof_writes(run: Run, group: str) -> None:
     if group == "agents" and not AGENTS_SDK:

@@ -266,7 +266,7 @@ def test_a_failing_hook_is_counted_and_the_call_still_works(recorded, client, mo
         raise RuntimeError("hook bug")
 
     monkeypatch.setattr(hook, "_reasoning", broken)  # called for each chunk without content
-    monkeypatch.setattr(hook, "_start_span", broken)  # called when a call starts
+    monkeypatch.setattr(hook._sdk, "start_span", broken)  # called when a call starts
 
     text, _ = in_request(lambda: stream_text(client))
 
@@ -299,7 +299,7 @@ def test_each_call_is_an_opentelemetry_client_span_when_an_sdk_records(recorded,
     tracer_provider = sdk.TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     # The hook's tracer, without touching the process-wide provider other tests share.
-    monkeypatch.setattr(hook, "_otel", (trace, context, tracer_provider.get_tracer("latprof")))
+    monkeypatch.setattr(hook._sdk, "_otel", (trace, context, tracer_provider.get_tracer("latprof")))
 
     def call():
         stream = client.chat.completions.create(model="demo", messages=MESSAGES, stream=True, stream_options={"include_usage": True})

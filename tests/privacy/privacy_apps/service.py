@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+import anthropic
 import asyncpg
 import httpx
 import openai
@@ -135,6 +136,25 @@ async def leak_openai() -> dict[str, str]:
             async with await client.responses.create(model="demo", input=c["prompt"], stream=True) as events:
                 async for _ in events:
                     pass
+        await client.close()
+    return {"text": "".join(texts)}
+
+
+@app.get("/leak/anthropic")
+async def leak_anthropic() -> dict[str, str]:
+    c = C["anthropic"]
+    texts = []
+    for base in (PROVIDER.removesuffix("/v1"), UPSTREAM):  # the client adds /v1/messages to the root
+        client = anthropic.AsyncAnthropic(base_url=base, api_key=c["api_key"], default_headers={"X-Custom-Secret": c["custom_header"]})
+        messages: Any = [{"role": "user", "content": c["prompt"]}]
+        done = await client.messages.create(model="demo", max_tokens=64, system=c["system"], messages=messages)
+        texts += [block.text for block in done.content if block.type == "text"]
+        stream = await client.messages.create(model="demo", max_tokens=64, system=c["system"], messages=messages, stream=True)
+        async for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                texts.append(event.delta.text)
+        async with client.messages.stream(model="demo", max_tokens=64, system=c["system"], messages=messages) as helper:
+            texts += [text async for text in helper.text_stream]
         await client.close()
     return {"text": "".join(texts)}
 

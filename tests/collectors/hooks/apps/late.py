@@ -105,7 +105,7 @@ def _control(folder: Path, probe: Probe) -> None:
 LIBRARIES = frozenset({
     "threading", "time", "asyncio", "concurrent", "gunicorn", "flask", "werkzeug", "uvicorn", "anyio", "starlette",
     "fastapi", "sqlalchemy", "psycopg", "psycopg_pool", "asyncpg", "redis", "httpx", "httpcore", "httpx2", "httpcore2",
-    "openai", "aiohttp", "langchain_core", "agents", "mcp",
+    "openai", "anthropic", "aiohttp", "langchain_core", "agents", "mcp",
 })  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from latprof.collectors.traces import genai_spans
+from latprof.collectors.traces import genai_spans, receive
 from latprof.collectors.traces.spans import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, Span, SpanEvent
 from latprof.collectors.traces.tracemap import classify, map_spans
 from latprof.events import Segment
@@ -126,3 +126,45 @@ def test_http_client_span_under_an_llm_span_without_operation_name_stays_transpo
     segments = map_spans([root, llm, http]).segments_by_request[root.trace_id]
     assert [s.layer for s in segments if s.segment_id == http.span_id] == [None]
     assert [s.layer for s in segments if s.segment_id == llm.span_id] == [PROVIDER]
+
+
+def test_openllmetry_anthropic_spans_are_model_calls_read_by_its_names_without_a_first_token():
+    """As `opentelemetry-instrumentation-anthropic` 0.62.4 writes a streamed Messages call (and, older, with `gen_ai.system`,
+    `llm.request.type` and prompt/completion token names): no first-chunk time or event, so TTFT is unknown."""
+    current = span("anthropic.chat", 0, 400, kind=KIND_CLIENT, scope="opentelemetry.instrumentation.anthropic",
+                   **{"gen_ai.provider.name": "anthropic", "gen_ai.operation.name": "chat", "gen_ai.request.model": "claude-x",
+                      "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 30, "gen_ai.usage.total_tokens": 42,
+                      "gen_ai.input.messages": PROMPT, "gen_ai.output.messages": "answer", "gen_ai.system_instructions": PROMPT})  # fmt: skip
+    older = span("anthropic.chat", 0, 400, kind=KIND_CLIENT, scope="opentelemetry.instrumentation.anthropic",
+                 **{"gen_ai.system": "Anthropic", "llm.request.type": "chat", "gen_ai.request.model": "claude-x",
+                    "gen_ai.usage.prompt_tokens": 12, "gen_ai.usage.completion_tokens": 30, "gen_ai.prompt.0.content": PROMPT,
+                    "gen_ai.completion.0.content": "answer"})  # fmt: skip
+    for llm in (current, older):
+        (provider,) = llm_segments(llm)
+        assert (provider.layer, provider.start_ns, provider.end_ns) == (PROVIDER, ms(0), ms(400))
+        assert provider.attrs["latprof.ttft_known"] is False and provider.attrs[genai_spans.INSTRUMENTATION] == "openllmetry"
+        assert (provider.attrs["gen_ai.usage.input_tokens"], provider.attrs["gen_ai.usage.output_tokens"]) == (12, 30)
+        assert PROMPT not in repr(provider.attrs) and "answer" not in repr(provider.attrs)
+
+
+def test_litellm_request_span_is_a_model_call_and_its_raw_payload_span_is_dropped():
+    """As LiteLLM 1.110's `otel` callback writes a call (test_litellm_otel.py drives it for real): a `litellm_request`
+    span with GenAI names and OpenLLMetry's `llm.request.type`, no first-token time, and a `raw_gen_ai_request`
+    child of the same length holding the raw request and answer as `llm.<provider>.<field>`."""
+    llm = span("litellm_request", 10, 400, scope="litellm",
+               **{"gen_ai.operation.name": "chat", "llm.request.type": "completion", "gen_ai.system": "openai",
+                  "gen_ai.request.model": "m1", "llm.is_streaming": "False", "gen_ai.usage.input_tokens": 3,
+                  "gen_ai.usage.output_tokens": 6, "gen_ai.input.messages": PROMPT, "gen_ai.output.messages": "answer"})  # fmt: skip
+    raw = span("raw_gen_ai_request", 10, 400, parent=llm, scope="litellm",
+               **{"llm.openai.messages": PROMPT, "llm.openai.choices": "answer", "llm.openai.model": "m1"})  # fmt: skip
+    root = span("POST /chat", 0, 500, kind=KIND_SERVER, **{"http.route": "/chat"})
+    llm = llm._replace(parent_id=root.span_id)
+    raw = raw._replace(parent_id=llm.span_id)
+    (provider,) = map_spans([root, llm, raw]).segments_by_request[root.trace_id]
+    assert (provider.layer, provider.start_ns, provider.end_ns) == (PROVIDER, ms(10), ms(400))
+    assert provider.attrs["latprof.ttft_known"] is False and provider.attrs[genai_spans.INSTRUMENTATION] == "litellm"
+    assert (provider.attrs["gen_ai.usage.input_tokens"], provider.attrs["gen_ai.usage.output_tokens"]) == (3, 6)
+    assert PROMPT not in repr(provider.attrs) and "answer" not in repr(provider.attrs)
+    assert genai_spans.is_raw_payload(raw) and not genai_spans.is_raw_payload(raw._replace(scope="other"))
+    written = receive.encode_request([root, llm, raw]).decode()  # what `latprof receive` writes of them
+    assert "raw_gen_ai_request" in written and "llm.openai." not in written and PROMPT not in written
