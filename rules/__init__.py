@@ -7,6 +7,8 @@ when a module of this folder is missing from `MODULES`.
 from types import ModuleType
 
 from . import (
+    connection_setup,
+    context_growth,
     cpu_bound,
     db_pool_exhaustion,
     event_loop_blocked,
@@ -23,6 +25,8 @@ from . import (
 
 #: Every built-in rule module, by file name; `latprof.engine.discover_rules` takes their Rule classes.
 MODULES: tuple[ModuleType, ...] = (
+    connection_setup,
+    context_growth,
     cpu_bound,
     db_pool_exhaustion,
     event_loop_blocked,

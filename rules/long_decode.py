@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from latprof.analysis.decode_load import TailLoad, tail_load
 from latprof.analysis.requests import NS_PER_MS, Analysis
 from latprof.analysis.stall_inference import POSSIBLE_STALL_CONFIDENCE, possible_stall_caveat
 from latprof.engine import Finding, Rule, fmt_ms, layer_evidence, owns_tail, severity_for_share
@@ -17,6 +18,12 @@ from latprof.analysis.timeline import RequestTimeline
 
 OUTPUT_TOKENS = "output_tokens"
 TIME_PER_TOKEN = "time_per_token"
+#: The tail's tokens come slower with more calls to the model in flight (inferred; `decode_load`).
+CALLS_IN_FLIGHT = "calls_in_flight"
+LOAD_INFERRED_FROM = (
+    "time per output token against the calls to the same model in flight, over every streamed call of the"
+    " capture: a correlation, not a measurement of the provider's batch"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +32,9 @@ class Thresholds:
     min_tail_excess_ms: float = 50.0
     #: A cause explaining at least this share of the decode excess gets its own fix.
     min_cause_share: float = 0.3
+    #: Slower tokens are put down to load (calls in flight) when the load slope predicts at
+    #: least this share of the tail's extra time per token, and more of it than output length.
+    min_load_share_of_tpot_excess: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +58,10 @@ class LongDecode(Rule):
         large part of the tail. Decode time is output tokens x time per output token, so
         the rule compares the slowest 1% of requests with the median ones on both factors
         and says which one makes the difference: the tail generates many more tokens, or
-        each token comes slower.
+        each token comes slower. Slower tokens are then set against the load: when each
+        streamed call's time per token rises with the calls to the same model (and endpoint)
+        in flight during its decode, and the tail decoded beside more of them, the slow
+        tokens are put down to a crowded batch (inferred: a correlation over the capture).
 
     Why it matters for p99:
         Decode grows linearly with the answer: at 5 ms per token a 3,000-token report takes
@@ -62,20 +75,30 @@ class LongDecode(Rule):
         the decode excess split into the part from extra tokens and the part from slower
         tokens, and the dominant cause; the models and routes of the tail; example request
         ids. Estimated decode segments (non-streamed calls) are left out of the comparison.
+        When the tail's tokens are slower, the load fit of the tail's model: time per token
+        at low and high calls in flight, its Theil-Sen slope in ms per token per extra call
+        in flight (and per output token), the calls in flight in the tail and the median,
+        the share of the slower tokens the load accounts for, and `slow_tokens_cause`
+        (`calls_in_flight`, with `cause_inferred_from`, or unknown).
 
     How to fix:
         Many tokens: cap `max_tokens` / `max_output_tokens` for the route, ask for a shorter
         answer in the prompt, return structured output (JSON with bounded fields) instead of
         prose, or split a long report into sections generated in parallel. Slow tokens: a
         smaller or faster model for the path, more provider capacity (provisioned
-        throughput), smaller batches on a self-hosted server. Either way stream the answer
-        to the user so reading starts at the first token.
+        throughput), smaller batches on a self-hosted server. Slow tokens under load: cap
+        the calls in flight to the model or endpoint, spread bursts, provisioned throughput,
+        or a smaller max batch (max num seqs) on a self-hosted engine. Either way stream the
+        answer to the user so reading starts at the first token.
 
     Example:
         A chat service where 3% of requests hit `POST /report`: the median request decodes
         160 tokens in 0.8 s, the slowest 1% decode 3,100 tokens in 16 s at the same 5 ms per
         token. Model owns 100% of the tail excess and the cause is output tokens: cap
-        `max_tokens` for /report or generate its sections in parallel.
+        `max_tokens` for /report or generate its sections in parallel. Another service
+        fires bursts of 16 calls: its tail decodes the same 40 tokens at 70 ms per token
+        against 14, beside 15 other calls in flight against 1, and time per token rises by
+        4 ms per extra call in flight (inferred): cap the calls in flight to the model.
     """
 
     id = "long-decode"
@@ -116,6 +139,14 @@ class LongDecode(Rule):
                     if name == cause or (part > 0 and part / positive >= t.min_cause_share)
                 ]
                 evidence["output_tokens_share_of_excess"] = round(max(0.0, from_tokens) / positive, 4)
+        load = tail_load(analysis) if TIME_PER_TOKEN in causes else None
+        # A client loop blocked now and then also slows every stream in flight at once: no cause is read then.
+        under_load = (load is not None and load.explains(t.min_load_share_of_tpot_excess)
+                      and possible_stall_caveat(tail, MODEL, analysis.timeline.possible_stalls) is None)  # fmt: skip
+        if load is not None:
+            evidence.update(load_evidence(load, under_load))
+        if under_load:
+            causes = [CALLS_IN_FLIGHT if c == TIME_PER_TOKEN else c for c in causes]
         evidence["dominant_cause"] = cause
         evidence["estimated_segments_excluded"] = sum(1 for _, s in analysis.segments(MODEL) if s.attrs.get(ESTIMATED))
         models = Counter[str]()
@@ -139,6 +170,8 @@ class LongDecode(Rule):
                 summary += "; the tail generates many more tokens"
             elif cause == TIME_PER_TOKEN:
                 summary += "; the tail's tokens come slower"
+            if under_load and load is not None:
+                summary += "; " + load_summary(load)
         else:
             summary += "; output token counts were not recorded, so tokens and speed cannot be told apart"
         confidence = stats.share_of_tail_excess * (1.0 if cause != "unknown" else 0.7)
@@ -196,6 +229,48 @@ def split_excess(median: DecodeCohort, tail: DecodeCohort) -> tuple[float, float
     return (n_t - n_m) * (t_t + t_m) / 2, (t_t - t_m) * (n_t + n_m) / 2
 
 
+def load_evidence(load: TailLoad, under_load: bool) -> dict[str, Any]:
+    """The evidence of the load fit (`latprof.analysis.decode_load`): time per token at low and
+    high load, its slopes, the calls in flight in the tail and the median, and what each slope
+    predicts of the tail's slower tokens; the cause and what it was inferred from when it is load."""
+    fit = load.fit
+    model, endpoint = fit.key
+    evidence: dict[str, Any] = {  # `or 0.0`: a slope of -0.0 reads as 0
+        "load_model": model,
+        "load_endpoint": endpoint,
+        "calls_fitted": fit.calls,
+        "calls_in_flight_median": round(load.median.in_flight, 2),
+        "calls_in_flight_tail": round(load.tail.in_flight, 2),
+        "calls_in_flight_low": round(fit.in_flight_low, 2),
+        "calls_in_flight_high": round(fit.in_flight_high, 2),
+        "tpot_ms_at_low_in_flight": round(fit.tpot_ms_low, 3),
+        "tpot_ms_at_high_in_flight": round(fit.tpot_ms_high, 3),
+        "tpot_ms_per_call_in_flight": round(fit.ms_per_token_per_call_in_flight, 4) or 0.0,
+        "tpot_ms_per_output_token": round(fit.ms_per_token_per_output_token, 5) or 0.0,
+        "tpot_excess_ms": round(load.tpot_excess_ms, 3),
+        "tpot_excess_from_load_ms": round(load.from_load_ms, 3),
+        "tpot_excess_from_output_length_ms": round(load.from_length_ms, 3),
+        "load_share_of_tpot_excess": round(load.load_share, 4),
+        "slow_tokens_cause": CALLS_IN_FLIGHT if under_load else "unknown",
+    }
+    if under_load:
+        evidence["cause_inferred_from"] = LOAD_INFERRED_FROM
+    return evidence
+
+
+def load_summary(load: TailLoad) -> str:
+    """'time per token rises with the calls to m in flight, by 2.00 ms per extra call (...)', said to be inferred."""
+    fit = load.fit
+    return (
+        f"time per token rises with the calls to {fit.key[0] or 'the model'} in flight, by"
+        f" {fit.ms_per_token_per_call_in_flight:.2f} ms per extra call ({fit.tpot_ms_low:.1f} ms at"
+        f" {fit.in_flight_low:.1f} others in flight, {fit.tpot_ms_high:.1f} ms at {fit.in_flight_high:.1f}), and the"
+        f" tail decoded beside {load.tail.in_flight:.1f} other calls against {load.median.in_flight:.1f} for the median:"
+        f" the load accounts for {load.load_share:.0%} of its slower tokens (inferred from a correlation over the"
+        " capture: a crowded batch)"
+    )
+
+
 def _decode_segments(rt: RequestTimeline, *, measured_only: bool) -> Iterable[Segment]:
     for segment in rt.segments:
         if segment.layer != MODEL or segment.end_ns <= segment.start_ns:
@@ -213,6 +288,13 @@ def _fix(causes: Sequence[str], routes: Sequence[str]) -> str:
             f"The tail generates many more tokens{where}: cap max_tokens / max_output_tokens for it, ask for a shorter"
             " answer, return structured output with bounded fields, or generate long documents in sections in"
             " parallel."
+        )
+    if CALLS_IN_FLIGHT in causes:
+        parts.append(
+            "The tail's tokens come slower when more calls to the model are in flight (a crowded batch): cap the"
+            " calls in flight to this model or endpoint (a semaphore around the client), spread bursts out or"
+            " over more deployments or regions, buy provisioned throughput, or, for a self-hosted engine, lower"
+            " its batch size (vLLM --max-num-seqs, TGI --max-batch-size) or add replicas."
         )
     if TIME_PER_TOKEN in causes:
         parts.append(

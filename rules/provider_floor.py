@@ -5,20 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from latprof.analysis.requests import NS_PER_MS, Analysis, LayerStats, percentile
+from latprof.analysis.prompts import PromptLine, PromptPart, TtftCall, fit_prompt_line, prompt_part, tail_provider_ms_by_model, ttft_calls
+from latprof.analysis.network import net_calls, tail_setup_excess_ms
+from latprof.analysis.requests import Analysis, LayerStats, percentile
 from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
-from latprof.events import Segment
-from latprof.analysis.genai import model_of, token_count
 from latprof.layers import LAYERS, PROVIDER
-from latprof.semconv import (
-    ESTIMATED,
-    GEN_AI_INPUT_TOKENS,
-    SPLIT_UNKNOWN,
-    TTFT_KNOWN,
-)
-
-#: Share (%) of calls furthest above the first least-squares line left out of the second fit.
-_TRIM_PERCENT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +26,8 @@ class Thresholds:
     floor_percentile: float = 5.0
     #: Fit a per-token slope only when input tokens vary at least this much (p95 - p5).
     min_input_token_spread: int = 500
+    #: The summary says how much of the tail's extra TTFT longer prompts explain from this share on.
+    min_prompt_share_to_say: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +36,10 @@ class FloorFit:
 
     floor_ms: float
     ms_per_1k_input_tokens: float | None  # None: input tokens missing or too uniform to fit
-    r_squared: float | None
-    ls_intercept_ms: float | None  # the least-squares line at 0 tokens: a typical, not a minimal, TTFT
+    r_squared: float | None  # of the Theil-Sen line over every fitted call (spikes lower it)
+    intercept_ms: float | None  # the Theil-Sen line at 0 tokens: a typical, not a minimal, TTFT
     fitted_calls: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    request_index: int
-    ttft_ms: float
-    input_tokens: float | None
+    robust_r_squared: float | None = None  # 1 - (MAD of residuals / MAD of TTFT)^2: the fit of the bulk
 
 
 class ProviderFloor(Rule):
@@ -62,10 +49,12 @@ class ProviderFloor(Rule):
         Time to first token (the `provider` layer of streamed LLM calls) split into a floor
         that every call pays - network round trip, provider-side queueing, the prefill
         minimum - and a part that grows with the prompt. Per model, TTFT is fitted against
-        input tokens by least squares; the slope is the cost of 1k more input tokens, and the
-        floor is the 5th percentile of TTFT with that prompt part taken out (with no usable
-        token counts: the 5th percentile of TTFT). Reported when the provider owns the tail,
-        or when it is a large share of a typical request and the floor is long.
+        input tokens with the Theil-Sen line (the median of the slopes between every two
+        calls, which provider-side queueing spikes do not tilt); the slope is the cost of 1k
+        more input tokens, and the floor is the 5th percentile of TTFT with that prompt part
+        taken out (with no usable token counts: the 5th percentile of TTFT). Reported when
+        the provider owns the tail, or when it is a large share of a typical request and the
+        floor is long.
 
     Why it matters for p99:
         When the provider owns the tail, the first question is what a change on your side
@@ -75,11 +64,17 @@ class ProviderFloor(Rule):
         and points at the fixes that can: where and how the model is served.
 
     Evidence:
-        floor_ms and ms_per_1k_input_tokens (with r_squared of the fit), TTFT p5/p50/p99,
-        the number of streamed calls used, input tokens p50/p99, the floor's share of TTFT
-        p50 and p99, the mean TTFT of tail requests and how much of it lies above floor and
-        prompt, and the calls left out: non-streamed calls (no TTFT, `ttft_known: false`),
-        estimated segments and attach-mode LLM time whose TTFT/decode split is unknown.
+        floor_ms and ms_per_1k_input_tokens, with the line's intercept_ms, r_squared (the
+        share of TTFT's variance it explains, spikes included) and robust_r_squared (1 - (MAD
+        of residuals / MAD of TTFT)^2: its fit to the bulk); TTFT p5/p50/p99, the number of
+        streamed calls used, input tokens p50/p99, the floor's share of TTFT p50 and p99, the
+        mean TTFT of tail requests, the prompt's part of it (ms and share), its connection
+        set-up where the HTTP client measured it (`tail_connection_setup_ms`, left to the
+        connection-setup rule: not counted as queueing, nor in this finding's impact) and how
+        much lies above floor, prompt and set-up; the tail calls' extra TTFT over the median requests' calls
+        and the part of it longer prompts explain (ms and share); and the calls left out:
+        non-streamed calls (no TTFT, `ttft_known: false`), estimated segments and
+        attach-mode LLM time whose TTFT/decode split is unknown.
 
     How to fix:
         The floor: route to a closer region or endpoint, buy dedicated or provisioned
@@ -112,10 +107,10 @@ class ProviderFloor(Rule):
         median_share = stats.median_mean_ms / median_latency_ms if median_latency_ms > 0 else 0.0
         if not tail_owned and median_share < t.min_share_of_median_latency:
             return
-        calls, excluded = _ttft_calls(analysis)
+        calls, excluded = ttft_calls(analysis)
         if not calls:
             return
-        tail_weights = _tail_provider_ms_by_model(analysis)
+        tail_weights = tail_provider_ms_by_model(analysis)
         tail_total_ms = sum(tail_weights.values())
         for model in sorted(calls):
             model_calls = calls[model]
@@ -154,7 +149,7 @@ class ProviderFloor(Rule):
         analysis: Analysis,
         stats: LayerStats,
         model: str,
-        calls: Sequence[_Call],
+        calls: Sequence[TtftCall],
         fit: FloorFit,
         excluded: Mapping[str, int],
         tail_owned: bool,
@@ -185,10 +180,12 @@ class ProviderFloor(Rule):
         }
         if fit.r_squared is not None:
             evidence["r_squared"] = round(fit.r_squared, 4)
+        if fit.robust_r_squared is not None:
+            evidence["robust_r_squared"] = round(fit.robust_r_squared, 4)
         if slope is not None:
             evidence["fitted_calls"] = fit.fitted_calls
-        if fit.ls_intercept_ms is not None:
-            evidence["ls_intercept_ms"] = round(fit.ls_intercept_ms, 3)
+        if fit.intercept_ms is not None:
+            evidence["intercept_ms"] = round(fit.intercept_ms, 3)
         prompt_ms_at_p50: float | None = None
         if tokens:
             evidence["input_tokens_p50"] = round(percentile(tokens, 50), 1)
@@ -196,7 +193,15 @@ class ProviderFloor(Rule):
             if slope is not None:
                 prompt_ms_at_p50 = slope * percentile(tokens, 50) / 1000
                 evidence["prompt_part_at_p50_input_ms"] = round(prompt_ms_at_p50, 3)
-        above_ms = _tail_above_floor_and_prompt(analysis, calls, fit, evidence)
+        above_ms, part = _tail_above_floor_and_prompt(analysis, calls, fit, evidence)
+        # Connection set-up the HTTP client measured sits inside TTFT: it is no provider-side
+        # queueing, and the part of the tail excess it explains is connection-setup's to name.
+        setup_ms = _tail_setup_per_call(analysis)
+        if setup_ms and above_ms is not None:
+            evidence["tail_connection_setup_ms"] = round(setup_ms, 3)
+            above_ms -= setup_ms
+            evidence["tail_ttft_above_floor_and_prompt_ms"] = round(above_ms, 3)
+        setup_excess_ms = tail_setup_excess_ms(analysis) * weight if tail_owned else 0.0
 
         who = f"For {model}, TTFT" if model else "TTFT"
         floor_text = f"{who} has a floor of {fmt_ms(fit.floor_ms)} that no prompt change moves"
@@ -213,7 +218,15 @@ class ProviderFloor(Rule):
                 f" {fmt_ms(stats.tail_excess_ms * weight)} longer for first tokens{from_model} than the median"
                 f" request. {floor_text}; {prompt_text}"
             )
-            if above_ms is not None and above_ms > 0:
+            if part is not None and part.excess_ms > 0 and part.excess_share_from_prompt >= self.thresholds.min_prompt_share_to_say:
+                summary += (
+                    f"; longer prompts explain {part.excess_share_from_prompt:.0%} of the tail's extra TTFT"
+                    f" ({fmt_ms(part.excess_from_prompt_ms)} of {fmt_ms(part.excess_ms)} per call)"
+                )
+            if setup_ms:
+                summary += f"; {fmt_ms(setup_ms)} of the tail's TTFT was opening connections (connection-setup)"
+            # (a few ms above them is the fit's noise, not queueing: said from a tenth of the tail's TTFT)
+            if above_ms is not None and above_ms > 0 and above_ms >= 0.1 * evidence.get("tail_ttft_mean_ms", 0.0):
                 summary += f"; tail TTFT ran {fmt_ms(above_ms)} above floor and prompt (provider-side queueing)"
             severity = severity_for_share(model_share)
         else:
@@ -228,13 +241,13 @@ class ProviderFloor(Rule):
         if tail_owned:
             evidence["example_request_ids"] = analysis.example_request_ids(PROVIDER)
 
-        confidence = 0.5 + 0.3 * min(1.0, len(calls) / 100) + 0.2 * (fit.r_squared or 0.0)
+        confidence = 0.5 + 0.3 * min(1.0, len(calls) / 100) + 0.2 * (fit.robust_r_squared or 0.0)
         if tail_owned:
             confidence = min(confidence, 0.5 + model_share / 2)
         return self.finding(
             severity=severity,
             confidence=confidence,
-            impact_ms=max(0.0, stats.tail_excess_ms) * weight,
+            impact_ms=max(0.0, stats.tail_excess_ms * weight - setup_excess_ms),
             summary=summary + ".",
             evidence=evidence,
             fix=_fix(fit, prompt_ms_at_p50, evidence.get("input_tokens_p50"), above_ms),
@@ -251,113 +264,65 @@ def fit_floor(
 ) -> FloorFit:
     """Split TTFT into floor + slope x input tokens.
 
-    Calls with a token count are fitted by least squares, TTFT_ms = a + b * tokens / 1000,
+    Calls with a token count are fitted with the Theil-Sen line of TTFT against input tokens
+    (`latprof.analysis.prompts.fit_prompt_line`: the median of the pairwise slopes, robust to
+    provider-side queueing spikes without trimming any call; a negative slope is clamped to 0)
     when there are at least 3 of them with at least 3 distinct counts spread by
-    `min_input_token_spread` (p95 - p5), then fitted again without the 5% of calls furthest
-    above the line (queueing spikes); a negative slope is clamped to 0. The floor is the
-    `floor_percentile` of TTFT - b * tokens / 1000 over the fitted calls (a floor, not the
-    intercept `a`, which is a typical TTFT and carries the mean provider queueing and its
-    spikes). Without a fit the floor is that percentile of every TTFT. Never below 0.
+    `min_input_token_spread` (p95 - p5). The floor is the `floor_percentile` of
+    TTFT - slope * tokens / 1000 over the fitted calls (a floor, not the intercept, which is a
+    typical TTFT and carries the median provider queueing). Without a fit the floor is that
+    percentile of every TTFT. Never below 0.
     """
     if not ttfts_ms:
         raise ValueError("fit_floor of no calls")
-    pairs = [(t, float(n)) for t, n in zip(ttfts_ms, input_tokens) if n is not None]
-    slope = r_squared = intercept = None
-    if len(pairs) >= 3 and len({n for _, n in pairs}) >= 3:
-        ordered = sorted(n for _, n in pairs)
-        if percentile(ordered, 95) - percentile(ordered, 5) >= min_input_token_spread:
-            slope, intercept, r_squared = _least_squares([n / 1000 for _, n in pairs], [t for t, _ in pairs])
-            # Provider-side queueing spikes do not depend on the prompt but swamp the fit:
-            # fit again without the calls furthest above the line.
-            residuals = [t - intercept - slope * n / 1000 for t, n in pairs]
-            cut = percentile(sorted(residuals), 100 - _TRIM_PERCENT)
-            kept = [pair for pair, residual in zip(pairs, residuals) if residual <= cut]
-            if len(kept) >= 3 and len({n for _, n in kept}) >= 2:
-                slope, intercept, r_squared = _least_squares([n / 1000 for _, n in kept], [t for t, _ in kept])
-    if slope is None:
+    line = fit_prompt_line(ttfts_ms, input_tokens, min_input_token_spread=min_input_token_spread)
+    if line is None:
         floor = percentile(sorted(ttfts_ms), floor_percentile)
         return FloorFit(max(0.0, floor), None, None, None, len(ttfts_ms))
-    if slope < 0:  # more input never makes TTFT shorter: the tokens explain nothing here
-        slope, r_squared, intercept = 0.0, 0.0, None
-    adjusted = sorted(t - slope * n / 1000 for t, n in pairs)
+    slope = line.ms_per_1k_input_tokens
+    adjusted = sorted(t - slope * n / 1000 for t, n in zip(ttfts_ms, input_tokens) if n is not None)
     floor = percentile(adjusted, floor_percentile)
-    return FloorFit(max(0.0, floor), slope, r_squared, intercept, len(pairs))
-
-
-def _least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float | None]:
-    """Return (slope, intercept, r_squared) of y = intercept + slope * x; xs must not be constant."""
-    n = len(xs)
-    mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    sxy = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
-    syy = sum((y - mean_y) ** 2 for y in ys)
-    slope = sxy / sxx
-    intercept = mean_y - slope * mean_x
-    r_squared = None if syy == 0 else max(0.0, min(1.0, sxy * sxy / (sxx * syy)))
-    return slope, intercept, r_squared
-
-
-def _ttft_calls(analysis: Analysis) -> tuple[dict[str, list[_Call]], dict[str, dict[str, int]]]:
-    """Streamed calls by model, and per model how many provider segments were left out and why.
-
-    Only a provider segment with `ttft_known` true measures TTFT; estimated boundaries and
-    attach-mode LLM time (provider and model not split) never do.
-    """
-    by_model: dict[str, list[_Call]] = {}
-    left_out: list[tuple[str, Segment]] = []
-    for index, segment in analysis.segments(PROVIDER):
-        if segment.end_ns <= segment.start_ns:
-            continue
-        attrs = segment.attrs
-        if attrs.get(SPLIT_UNKNOWN):  # attach mode: TTFT and decode not told apart
-            left_out.append(("split_unknown", segment))
-        elif attrs.get(ESTIMATED):
-            left_out.append(("estimated", segment))
-        elif attrs.get(TTFT_KNOWN) is not True:
-            left_out.append(("non_streamed", segment))
-        else:
-            ttft_ms = (segment.end_ns - segment.start_ns) / NS_PER_MS
-            by_model.setdefault(model_of(segment), []).append(_Call(index, ttft_ms, token_count(attrs.get(GEN_AI_INPUT_TOKENS))))
-    excluded: dict[str, dict[str, int]] = {}
-    if by_model:  # (the counts matter only beside measured calls: without any the rule stops)
-        for reason, segment in left_out:
-            counts = excluded.setdefault(model_of(segment), {})
-            counts[reason] = counts.get(reason, 0) + 1
-    return by_model, excluded
-
-
-def _tail_provider_ms_by_model(analysis: Analysis) -> dict[str, float]:
-    """Provider time per model in the tail cohort (every provider segment): splits the layer's excess."""
-    out: dict[str, float] = {}
-    for rt in analysis.cohort("tail"):
-        for segment in rt.segments:
-            if segment.layer == PROVIDER and segment.end_ns > segment.start_ns:
-                key = model_of(segment)
-                out[key] = out.get(key, 0.0) + (segment.end_ns - segment.start_ns) / NS_PER_MS
-    return out
+    return FloorFit(max(0.0, floor), slope, line.r_squared, line.intercept_ms, line.calls, line.robust_r_squared)
 
 
 def _tail_above_floor_and_prompt(
-    analysis: Analysis, calls: Sequence[_Call], fit: FloorFit, evidence: dict[str, Any]
-) -> float | None:
-    """Mean TTFT of this model's calls in tail requests, and how far it lies above floor + prompt."""
+    analysis: Analysis, calls: Sequence[TtftCall], fit: FloorFit, evidence: dict[str, Any]
+) -> tuple[float | None, PromptPart | None]:
+    """Mean TTFT of this model's calls in tail requests, how far it lies above floor + prompt,
+    and the part of it (and of its excess over the median requests' calls) the prompt explains."""
+    slope = fit.ms_per_1k_input_tokens
     tail = set(analysis.groups.tail)
     tail_calls = [c for c in calls if c.request_index in tail]
     if not tail_calls:
-        return None
+        return None, None
     mean_ttft = sum(c.ttft_ms for c in tail_calls) / len(tail_calls)
     evidence["tail_calls"] = len(tail_calls)
     evidence["tail_ttft_mean_ms"] = round(mean_ttft, 3)
     prompt_ms = 0.0
-    slope = fit.ms_per_1k_input_tokens
+    part: PromptPart | None = None
     if slope is not None:
         known = [c.input_tokens for c in tail_calls if c.input_tokens is not None]
         if known:
             prompt_ms = slope * sum(known) / len(known) / 1000
             evidence["tail_prompt_part_ms"] = round(prompt_ms, 3)
+            evidence["tail_prompt_share_of_ttft"] = round(prompt_ms / mean_ttft, 4) if mean_ttft > 0 else None
+        line = PromptLine(slope, fit.intercept_ms or 0.0, fit.r_squared, fit.robust_r_squared, fit.fitted_calls)
+        part = prompt_part(analysis, calls, {calls[0].model: line}, per_request=False)
+    if part is not None and part.median_ttft_ms > 0:
+        evidence["median_ttft_mean_ms"] = round(part.median_ttft_ms, 3)
+        evidence["tail_ttft_excess_ms"] = round(part.excess_ms, 3)
+        evidence["tail_excess_from_prompt_ms"] = round(part.excess_from_prompt_ms, 3)
+        evidence["tail_excess_share_from_prompt"] = round(part.excess_share_from_prompt, 4)
     above = mean_ttft - fit.floor_ms - prompt_ms
     evidence["tail_ttft_above_floor_and_prompt_ms"] = round(above, 3)
-    return above
+    return above, part
+
+
+def _tail_setup_per_call(analysis: Analysis) -> float:
+    """Mean connection set-up (DNS, connect, TLS) of the tail requests' LLM calls that have network timings; 0 without."""
+    tail = set(analysis.groups.tail)
+    setups = [c.setup_ms for c in net_calls(analysis) if c.request_index in tail]
+    return sum(setups) / len(setups) if setups else 0.0
 
 
 def _fix(fit: FloorFit, prompt_ms_at_p50: float | None, tokens_p50: Any, above_ms: float | None) -> str:

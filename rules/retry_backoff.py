@@ -25,8 +25,8 @@ from latprof.semconv import HTTP_STATUS_CODE, RETRY_AFTER_ERROR, RETRY_AFTER_STA
 if TYPE_CHECKING:
     from latprof.attach.analysis import AttachAnalysis
 
-#: The openai hook's name for the client's own backoff sleeps.
-_SDK_RETRY_NAMES = ("openai retry",)
+#: The openai and anthropic hooks' names for the client's own backoff sleeps.
+_SDK_RETRY_NAMES = ("openai retry", "anthropic retry")
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,8 +97,8 @@ def test_fit_recovers_floor_and_slope_of_an_exact_line() -> None:
     fit = fit_floor([700 + 40 * t / 1000 for t in tokens], tokens)
     assert fit.ms_per_1k_input_tokens == pytest.approx(40.0)
     assert fit.floor_ms == pytest.approx(700.0)
-    assert fit.ls_intercept_ms == pytest.approx(700.0)
-    assert fit.r_squared == pytest.approx(1.0)
+    assert fit.intercept_ms == pytest.approx(700.0)
+    assert fit.r_squared == pytest.approx(1.0) and fit.robust_r_squared == pytest.approx(1.0)
     assert fit.fitted_calls == 60
 
 
@@ -108,6 +108,32 @@ def test_fit_ignores_queueing_spikes_for_the_slope() -> None:
     fit = fit_floor(ttfts, tokens)
     assert fit.ms_per_1k_input_tokens == pytest.approx(40.0, abs=0.01)
     assert fit.floor_ms == pytest.approx(700.0, abs=0.5)
+
+
+def test_theil_sen_recovers_a_known_slope_within_10_percent_from_noisy_spiky_calls() -> None:
+    """Calls drawn with heavy noise, 8% provider-side queueing spikes (0.5-6 s) and a few
+    stalls at the shortest prompts: Theil-Sen recovers the slope within 10% without trimming,
+    where an ordinary least-squares line is pulled far off."""
+    rng = random.Random(23)
+    tokens, ttfts = [], []
+    for k in range(600):
+        n = rng.randint(300, 12_000)
+        ttft = 450 + 55 * n / 1000 + rng.gauss(0, 60)
+        if rng.random() < 0.08:
+            ttft += rng.uniform(500, 6000)
+        if n < 1500 and rng.random() < 0.3:
+            ttft += 2500  # spikes that happen to hit short prompts tilt a least-squares line down
+        tokens.append(n)
+        ttfts.append(ttft)
+    fit = fit_floor(ttfts, tokens)
+    assert fit.ms_per_1k_input_tokens == pytest.approx(55.0, rel=0.10)
+    assert fit.fitted_calls == 600
+    assert fit.robust_r_squared is not None and fit.robust_r_squared > 0.8  # the bulk follows the line ...
+    assert fit.r_squared is not None and fit.r_squared < fit.robust_r_squared  # ... the spikes do not
+    xs = [n / 1000 for n in tokens]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ttfts) / len(ttfts)
+    ols = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ttfts)) / sum((x - mean_x) ** 2 for x in xs)
+    assert abs(ols - 55.0) > 0.10 * 55.0  # the case is one least squares gets wrong
 
 
 def test_fit_without_token_counts_is_the_low_percentile() -> None:
@@ -173,6 +199,29 @@ def test_fires_critical_when_provider_queueing_owns_the_tail() -> None:
     assert f.summary.startswith("The provider owns 100% of the tail excess")
     assert "above floor and prompt (provider-side queueing)" in f.summary
     assert "hedged" in f.fix
+    # A long prompt that is not the tail's cause: the spikes hit prompts of every length.
+    assert e["tail_excess_share_from_prompt"] < 0.15
+    assert e["tail_ttft_excess_ms"] == pytest.approx(4000.0, abs=400.0)
+    assert "longer prompts explain" not in f.summary
+
+
+def test_says_how_much_of_the_tails_ttft_long_prompts_explain() -> None:
+    """2% of calls carry 40k-token prompts at 40 ms per 1k: they are the tail, and the line
+    explains their extra TTFT (1.6 s of it) whole."""
+    requests = [
+        llm_request(i, 700 + 40 * n / 1000 + (i % 7), n)
+        for i, n in enumerate(40_000 if i % 50 == 49 else 300 + (i * 37) % 2000 for i in range(300))
+    ]
+    [f] = findings(requests)
+    e = f.evidence
+    assert f.summary.startswith("The provider owns")
+    assert e["ms_per_1k_input_tokens"] == pytest.approx(40.0, rel=0.05)
+    assert e["tail_prompt_part_ms"] == pytest.approx(1600.0, rel=0.05)
+    assert e["tail_prompt_share_of_ttft"] == pytest.approx(1600 / 2300, abs=0.03)
+    assert e["tail_excess_share_from_prompt"] > 0.9
+    assert e["tail_excess_from_prompt_ms"] == pytest.approx(e["tail_ttft_excess_ms"], rel=0.1)
+    assert "longer prompts explain" in f.summary and "of the tail's extra TTFT" in f.summary
+    assert "provider-side queueing" not in f.summary  # a few ms above floor and prompt is the fit's noise
 
 
 def test_fix_leads_with_trimming_prompts_when_the_prompt_part_dominates() -> None:

@@ -61,3 +61,21 @@ def test_fires_without_a_tail_when_every_request_sleeps_in_backoff() -> None:
     assert finding.evidence["dominates_median"] is True and finding.evidence["median_ms"] == 500.0
     assert finding.severity == "critical"  # 82% of the median request
     assert finding.summary.startswith("Every request sleeps in retry backoff: 500 ms of the median request's")
+
+
+def test_the_openai_and_anthropic_clients_own_backoff_is_the_sdks() -> None:
+    from latprof.layers import RETRY
+
+    out = []
+    for i in range(N):
+        t0 = i * 1000.0
+        segs = [seg(PROVIDER, t0 + 10, t0 + 60, name="chat", **{HTTP_STATUS_CODE: 429})] if i % 20 == 19 else []
+        cursor = t0 + 60
+        if segs:  # the client's backoff, as its hook names it, inside the call
+            name = "anthropic retry" if i % 40 == 39 else "openai retry"
+            segs.append(seg(RETRY, cursor, cursor + 800, name=name, **{HTTP_STATUS_CODE: 429}))
+            cursor += 800
+        segs.append(seg(PROVIDER, cursor, cursor + 300, name="chat"))
+        out.append(req(t0, cursor + 300, *segs, id=f"r{i}", cpu_ms=5))
+    [finding] = RetryBackoff().check(analysed(out))
+    assert finding.evidence["retried_by"] == {"sdk": 10} and finding.evidence["after"] == {"429": 10}
