@@ -18,7 +18,7 @@ from latprof.cli._common import KEEP_UNTIL_EXIT, check_format, format_option, ma
     metavar="NAME",
     help=(
         "The fault to show: pool-held-across-llm, threadpool-queueing, provider-floor, provider-spikes,"
-        " long-outputs, blocking-call, or healthy (no fault)."
+        " long-outputs, blocking-call, growing-context, or healthy (no fault)."
     ),
 )
 @click.option("--dsn", metavar="URL", help="PostgreSQL URL (postgresql://user@host:5432/db) instead of a temporary SQLite file.")

@@ -160,6 +160,17 @@ def run_demo(
             # OpenLLMetry and OpenInference mark the first chunk of any kind as the first token: the
             # role-only chunk goes with the first token, as OpenAI and vLLM send it (docs/genai.md)
             settings.setdefault("role_chunk_first", False)
+        service_env: dict[str, str] = {}
+        if spec.tls:  # a CA made for this run: the provider serves its certificate, the service trusts it
+            import trustme
+
+            ca = trustme.CA()
+            cert = ca.issue_cert("127.0.0.1")
+            cert.private_key_and_cert_chain_pem.write_to_path(str(workdir / "provider-chain.pem"))
+            cert.private_key_pem.write_to_path(str(workdir / "provider-key.pem"))
+            ca.cert_pem.write_to_path(str(workdir / "ca.pem"))
+            settings.update(tls_cert_file=str(workdir / "provider-chain.pem"), tls_key_file=str(workdir / "provider-key.pem"))
+            service_env["LATPROF_DEMO_PROVIDER_CA"] = str(workdir / "ca.pem")
         with Provider(ProviderConfig(**settings)) as provider:
             port = _free_port()
             env = {
@@ -169,6 +180,7 @@ def run_demo(
                 "LATPROF_DEMO_PROVIDER_URL": provider.url,
                 "LATPROF_DEMO_THREADPOOL_TOKENS": str(spec.threadpool_tokens),
                 "LATPROF_DEMO_EXPORT_BLOCK_MS": str(spec.export_block_ms),
+                **service_env,
             }
             service = [
                 sys.executable, "-m", "uvicorn", "latprof.demo.service:app", "--host", "127.0.0.1",

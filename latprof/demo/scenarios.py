@@ -36,6 +36,8 @@ class Scenario:
     export_block_ms: float = 300.0
     #: A finding the demo should also produce (rule id), beyond the verdict.
     expected_finding: str | None = None
+    #: The provider serves HTTPS with a certificate of a CA made for the run, which the service trusts.
+    tls: bool = False
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -144,6 +146,36 @@ SCENARIOS: dict[str, Scenario] = {
             mix=(("/export", 0.03),),
             export_block_ms=300.0,
             expected_finding="event-loop-blocked",
+        ),
+        Scenario(
+            name="network-bound",
+            summary=(
+                "The service makes an openai client per request, so every call opens a new TLS connection"
+                " to a far provider: 120 ms of set-up each, and 4% of handshakes lose a packet and wait"
+                " 1 s more: connection set-up owns the tail"
+            ),
+            expected_layer="provider",
+            rate_rps=12.0,
+            provider={"ttft_ms": 100.0, "tpot_ms": 5.0, "output_tokens": 8, "connect_delay_ms": 120.0,
+                      "connect_spike_probability": 0.04, "connect_spike_ms": 1000.0},  # fmt: skip
+            pool_size=10,
+            path="/chat-new-client",
+            expected_finding="connection-setup",
+            tls=True,
+        ),
+        Scenario(
+            name="growing-context",
+            summary=(
+                "An agent loop resends its whole history each turn, adding the last answer and a 3k-character"
+                " tool result; 6% of requests run 10 turns instead of 2, and TTFT grows 60 ms per 1k input"
+                " tokens: the long conversations own the tail"
+            ),
+            expected_layer="provider",
+            rate_rps=10.0,
+            provider={"ttft_ms": 60.0, "ttft_ms_per_1k_input_tokens": 60.0, "tpot_ms": 2.0, "output_tokens": 6},
+            pool_size=10,
+            path="/agent",
+            expected_finding="context-growth",
         ),
     )
 }

@@ -5,6 +5,7 @@ Configured by environment variables (set by `latprof.demo.run`):
 - LATPROF_DEMO_DSN: SQLAlchemy URL (async driver: sqlite+aiosqlite, postgresql+psycopg);
 - LATPROF_DEMO_POOL_SIZE: pool size (max_overflow is always 0);
 - LATPROF_DEMO_PROVIDER_URL: base URL of the demo provider;
+- LATPROF_DEMO_PROVIDER_CA: a CA certificate (PEM) to trust when the provider serves HTTPS;
 - LATPROF_DEMO_THREADPOOL_TOKENS: worker threads of anyio's default limiter (sync endpoints);
 - LATPROF_DEMO_EXPORT_BLOCK_MS: how long `/export` blocks the event loop;
 - LATPROF_DEMO_TRACES: traced with stock OpenTelemetry (and a GenAI instrumentation) instead of
@@ -12,8 +13,12 @@ Configured by environment variables (set by `latprof.demo.run`):
 
 Routes: `/chat` holds its connection across the streamed LLM call (the bug);
 `/chat-released` reads, releases the connection, then calls the LLM (the fix);
-`/chat-sync` is a sync endpoint (thread pool) doing the fixed version with blocking clients;
-`/export` is an async endpoint that makes a blocking call on the event loop (the other bug).
+`/chat-new-client` does the same with an openai client made for the request (a bug: each call
+opens its own connection); `/chat-sync` is a sync endpoint (thread pool) doing the fixed version with blocking clients;
+`/export` is an async endpoint that makes a blocking call on the event loop (the other bug);
+`/agent` is an agent loop whose successive LLM calls resend the whole history, each turn
+appending the previous answer and a tool result: most requests take 2 turns, a few 10
+(the growing context).
 Every LLM call streams and asks for usage, so the hooks record output tokens.
 """
 
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import gc
 import os
+import random
+import ssl
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -56,11 +63,15 @@ engine = create_async_engine(DSN, pool_size=POOL_SIZE, max_overflow=0, pool_time
 sync_engine = create_engine(
     sync_dsn(DSN), pool_size=POOL_SIZE, max_overflow=0, pool_timeout=60
 )
+PROVIDER_CA = os.environ.get("LATPROF_DEMO_PROVIDER_CA", "")
+_verify: Any = ssl.create_default_context(cafile=PROVIDER_CA) if PROVIDER_CA else True
 llm = openai.AsyncOpenAI(
-    base_url=PROVIDER_URL, api_key="latprof-demo", max_retries=0, timeout=60
+    base_url=PROVIDER_URL, api_key="latprof-demo", max_retries=0, timeout=60,
+    http_client=openai.DefaultAsyncHttpxClient(verify=_verify),
 )
 sync_llm = openai.OpenAI(
-    base_url=PROVIDER_URL, api_key="latprof-demo", max_retries=0, timeout=60
+    base_url=PROVIDER_URL, api_key="latprof-demo", max_retries=0, timeout=60,
+    http_client=openai.DefaultHttpxClient(verify=_verify),
 )
 
 
@@ -119,8 +130,8 @@ def _messages(rows: Any, chat_id: int) -> list[ChatCompletionMessageParam]:
     ]
 
 
-async def _stream_answer(messages: list[ChatCompletionMessageParam]) -> str:
-    stream = await llm.chat.completions.create(
+async def _stream_answer(messages: list[ChatCompletionMessageParam], client: openai.AsyncOpenAI | None = None) -> str:
+    stream = await (client or llm).chat.completions.create(
         model=MODEL,
         messages=messages,
         stream=True,
@@ -156,6 +167,17 @@ async def chat_released(chat_id: int = 1) -> dict[str, Any]:
     return {"chat": chat_id, "answer": answer}
 
 
+@app.get("/chat-new-client")
+async def chat_new_client(chat_id: int = 1) -> dict[str, Any]:
+    """Another bug: a client made per request, whose call opens (and pays for) a connection of its own."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(_SELECT, {"chat_id": chat_id})).all()
+    async with openai.AsyncOpenAI(base_url=PROVIDER_URL, api_key="latprof-demo", max_retries=0, timeout=60,
+                                  http_client=openai.DefaultAsyncHttpxClient(verify=_verify)) as client:  # fmt: skip
+        answer = await _stream_answer(_messages(rows, chat_id), client)
+    return {"chat": chat_id, "answer": answer}
+
+
 @app.get("/chat-sync")
 def chat_sync(chat_id: int = 1) -> dict[str, Any]:
     """A sync endpoint: runs on anyio's thread pool, blocking for the whole LLM call."""
@@ -178,6 +200,31 @@ async def export(chat_id: int = 1) -> dict[str, Any]:
         rows = (await conn.execute(_SELECT, {"chat_id": chat_id})).all()
     document = _render_export(rows)  # on the event loop: every request in flight waits for it
     return {"chat": chat_id, "bytes": len(document)}
+
+
+#: `/agent`: the share of requests whose loop runs `AGENT_LONG_TURNS` turns (the others run 2),
+#: drawn from a seeded stream; each turn appends a tool result of `AGENT_TOOL_RESULT_CHARS`.
+AGENT_LONG_SHARE = 0.06
+AGENT_LONG_TURNS = 10
+AGENT_TOOL_RESULT_CHARS = 3000
+_agent_draws = random.Random(23)
+
+
+@app.get("/agent")
+async def agent(chat_id: int = 1) -> dict[str, Any]:
+    """An agent loop: every turn sends the whole conversation so far, which grows by an answer
+    and a tool result each turn; the long loops' last calls carry thousands of input tokens."""
+    turns = AGENT_LONG_TURNS if _agent_draws.random() < AGENT_LONG_SHARE else 2
+    async with engine.connect() as conn:
+        rows = (await conn.execute(_SELECT, {"chat_id": chat_id})).all()
+    messages = _messages(rows, chat_id)
+    answer = ""
+    for turn in range(turns):
+        answer = await _stream_answer(messages)
+        messages.append({"role": "assistant", "content": answer})
+        result = f"tool result {chat_id}.{turn}: " + "rows " * (AGENT_TOOL_RESULT_CHARS // 5)
+        messages.append({"role": "user", "content": result})
+    return {"chat": chat_id, "turns": turns, "answer": answer}
 
 
 def _render_export(rows: Any) -> str:

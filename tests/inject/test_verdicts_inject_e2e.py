@@ -25,6 +25,8 @@ RUN_SAYS = {
     "long-outputs": ("model", "long-decode", "long-decode"),
     "healthy": (None, None, None),
     "blocking-call": ("event_loop", "event-loop-blocked", "event-loop-blocked"),
+    "growing-context": ("provider", "context-growth", "context-growth"),
+    "network-bound": ("provider", "connection-setup", "connection-setup"),
 }
 
 

@@ -177,6 +177,38 @@ def test_long_outputs(tmp_path: Path, http: str, loop: str) -> None:
 
 @pytest.mark.slow
 @server(1)
+def test_growing_context(tmp_path: Path, http: str, loop: str) -> None:
+    result = _demo_owning_tail(tmp_path, "growing-context", PROVIDER, "context-growth", http=http, loop=loop)
+    (finding,) = [f for f in result.report.findings if f.rule == "context-growth"]
+    evidence = finding.evidence
+    assert evidence["grouped_by"] == "request" and evidence["turns"] == 10, evidence  # the long agent loops
+    assert evidence["input_tokens_last_turn"] >= 5 * evidence["input_tokens_first_turn"], evidence
+    assert evidence["ttft_last_turn_ms"] >= 300, evidence  # 60 ms + 60 ms per 1k of ~7k input tokens
+    assert 54 <= evidence["ms_per_1k_input_tokens"] <= 66, evidence  # the provider's 60 ms per 1k, within 10%
+    assert evidence["tail_excess_share_from_input_tokens"] >= 0.6, evidence
+    # provider-floor sees the same slope and says the prompt, not queueing, makes the tail's TTFT
+    (floor,) = [f for f in result.report.findings if f.rule == "provider-floor"]
+    assert 54 <= floor.evidence["ms_per_1k_input_tokens"] <= 66, floor.evidence
+
+
+@pytest.mark.slow
+@pytest.mark.long  # (the README's command stays near its 15 minutes; .ci/run runs it after)
+@server(1)
+def test_network_bound(tmp_path: Path, http: str, loop: str) -> None:
+    result = _demo_owning_tail(tmp_path, "network-bound", PROVIDER, "connection-setup", http=http, loop=loop)
+    (finding,) = [f for f in result.report.findings if f.rule == "connection-setup"]
+    evidence = finding.evidence
+    assert evidence["cause"] == "slow_setup" and evidence["new_connection_share"] == 1.0, evidence  # a client per request
+    assert 110 <= evidence["setup_per_new_connection_p50_ms"] <= 400, evidence  # the provider's 120 ms per handshake
+    assert 110 <= evidence["tls_p50_ms"] and evidence["connect_p50_ms"] < 50, evidence  # the delay sits in the TLS handshake
+    assert evidence["tail_setup_mean_ms"] >= 900, evidence  # the 1 s handshakes
+    # provider-floor leaves the set-up to this rule: it names no provider-side queueing it did not see.
+    floors = [f for f in result.report.findings if f.rule == "provider-floor"]
+    assert all(f.impact_ms < finding.impact_ms / 2 and "provider-side queueing" not in f.summary for f in floors), floors
+
+
+@pytest.mark.slow
+@server(1)
 def test_healthy(tmp_path: Path, http: str, loop: str) -> None:
     result = _demo(tmp_path, "healthy", http=http, loop=loop)
     report = result.report
