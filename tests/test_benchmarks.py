@@ -34,6 +34,8 @@ def test_hook_benchmarks_run(tmp_path):
     for hook in ("sqlalchemy", "sleeps", "threads"):
         line = next(line for line in out.splitlines() if line.startswith(hook))
         assert "skipped" not in line, out
+    out = bench(tmp_path, "bench_net_timings", "--calls", "5", "--trials", "1")
+    assert "async streamed, keep-alive" in out and "sync, TLS, new connection per call" in out, out
 
 
 @pytest.mark.slow
