@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ssl
 import statistics
 import sys
 import tempfile
@@ -27,13 +26,12 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import openai  # noqa: E402
-import trustme  # noqa: E402
 from recording import recording  # noqa: E402
 
 from latprof.collectors.hooks import _net, runtime  # noqa: E402
 from latprof.collectors.hooks import httpx as httpx_hook  # noqa: E402
 from latprof.collectors.hooks import openai as openai_hook  # noqa: E402
-from latprof.demo.provider import Provider  # noqa: E402
+from latprof.demo.provider import LocalCertificate, Provider  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Which layer owns the p99?"}]
 _shipped = _net.trace_httpcore
@@ -87,16 +85,10 @@ def main() -> None:
     args = parser.parse_args()
     openai_hook.install()
     httpx_hook.install()
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    folder = Path(tempfile.mkdtemp(prefix="latprof-bench-net-"))
-    chain, key = folder / "chain.pem", folder / "key.pem"
-    cert.private_key_and_cert_chain_pem.write_to_path(str(chain))
-    cert.private_key_pem.write_to_path(str(key))
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
+    certificate = LocalCertificate.make(Path(tempfile.mkdtemp(prefix="latprof-bench-net-")))
+    context = certificate.client_context()
     settings = {"ttft_ms": 0.0, "tpot_ms": 0.0, "output_tokens": 4}
-    with Provider(**settings) as plain, Provider(**settings, tls_cert_file=str(chain), tls_key_file=str(key)) as tls:
+    with Provider(**settings) as plain, Provider(**settings, **certificate.settings()) as tls:
         cases: list[tuple[str, Callable[[], None]]] = []
         sync_plain = openai.OpenAI(base_url=plain.url, api_key="unused", max_retries=0)
         sync_tls = openai.OpenAI(base_url=tls.url, api_key="unused", max_retries=0, http_client=openai.DefaultHttpxClient(verify=context))

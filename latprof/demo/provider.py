@@ -67,6 +67,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from latprof.demo import provider_anthropic
@@ -634,6 +635,35 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+@dataclass(frozen=True)
+class LocalCertificate:
+    """A certificate for 127.0.0.1 from a CA made on the spot (trustme): the provider's PEM files, and the CA to trust."""
+
+    chain_file: str
+    key_file: str
+    ca_file: str
+
+    @classmethod
+    def make(cls, folder: Path) -> LocalCertificate:
+        import trustme  # the `demo` extra
+
+        ca = trustme.CA()
+        cert = ca.issue_cert(HOST)
+        made = cls(str(folder / "provider-chain.pem"), str(folder / "provider-key.pem"), str(folder / "ca.pem"))
+        cert.private_key_and_cert_chain_pem.write_to_path(made.chain_file)
+        cert.private_key_pem.write_to_path(made.key_file)
+        ca.cert_pem.write_to_path(made.ca_file)
+        return made
+
+    def settings(self) -> dict[str, str]:
+        """The provider settings that serve it."""
+        return {"tls_cert_file": self.chain_file, "tls_key_file": self.key_file}
+
+    def client_context(self) -> ssl.SSLContext:
+        """A client context that trusts it."""
+        return ssl.create_default_context(cafile=self.ca_file)
 
 
 def _tls_context(config: ProviderConfig) -> ssl.SSLContext | None:

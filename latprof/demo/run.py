@@ -23,7 +23,7 @@ import httpx
 
 from latprof.analysis.requests import DEFAULT_WARMUP_S
 from latprof.demo.load import LoadStats, drive
-from latprof.demo.provider import Provider, ProviderConfig
+from latprof.demo.provider import LocalCertificate, Provider, ProviderConfig
 from latprof.demo.scenarios import DEFAULT_SCENARIO, Scenario, get_scenario
 from latprof.errors import CollectorError, ConfigError
 from latprof.pipeline import Diagnosis, run_diagnosis
@@ -162,15 +162,9 @@ def run_demo(
             settings.setdefault("role_chunk_first", False)
         service_env: dict[str, str] = {}
         if spec.tls:  # a CA made for this run: the provider serves its certificate, the service trusts it
-            import trustme
-
-            ca = trustme.CA()
-            cert = ca.issue_cert("127.0.0.1")
-            cert.private_key_and_cert_chain_pem.write_to_path(str(workdir / "provider-chain.pem"))
-            cert.private_key_pem.write_to_path(str(workdir / "provider-key.pem"))
-            ca.cert_pem.write_to_path(str(workdir / "ca.pem"))
-            settings.update(tls_cert_file=str(workdir / "provider-chain.pem"), tls_key_file=str(workdir / "provider-key.pem"))
-            service_env["LATPROF_DEMO_PROVIDER_CA"] = str(workdir / "ca.pem")
+            certificate = LocalCertificate.make(workdir)
+            settings.update(certificate.settings())
+            service_env["LATPROF_DEMO_PROVIDER_CA"] = certificate.ca_file
         with Provider(ProviderConfig(**settings)) as provider:
             port = _free_port()
             env = {

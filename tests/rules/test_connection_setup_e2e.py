@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 
 openai = pytest.importorskip("openai")
-trustme = pytest.importorskip("trustme")
+pytest.importorskip("trustme")
 
 from latprof.analysis.network import net_calls
 from latprof.capture.writer import CaptureWriter
 from latprof.collectors.hooks import httpx as httpx_hook
 from latprof.collectors.hooks import openai as openai_hook
 from latprof.collectors.hooks import runtime
-from latprof.demo.provider import Provider
+from latprof.demo.provider import LocalCertificate, Provider
 from latprof.layers import PROVIDER
 from latprof.pipeline import Diagnosis, run_diagnosis
 
@@ -38,14 +38,8 @@ MESSAGES = [{"role": "user", "content": "Which layer owns the p99?"}]
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, dict[str, str]]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    folder = tmp_path_factory.mktemp("tls")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(folder / "chain.pem"))
-    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    return context, {"tls_cert_file": str(folder / "chain.pem"), "tls_key_file": str(folder / "key.pem")}
+    certificate = LocalCertificate.make(tmp_path_factory.mktemp("tls"))
+    return certificate.client_context(), certificate.settings()
 
 
 async def _load(url: str, context: ssl.SSLContext, client_per_call: bool) -> None:

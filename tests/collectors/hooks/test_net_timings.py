@@ -15,14 +15,14 @@ import pytest
 from recording import recording
 
 openai = pytest.importorskip("openai")
-trustme = pytest.importorskip("trustme")
+pytest.importorskip("trustme")
 aiohttp = pytest.importorskip("aiohttp")
 httpx = pytest.importorskip("httpx")
 
 from latprof.collectors.hooks import aiohttp_client, runtime
 from latprof.collectors.hooks import httpx as httpx_hook
 from latprof.collectors.hooks import openai as openai_hook
-from latprof.demo.provider import Provider
+from latprof.demo.provider import LocalCertificate, Provider
 from latprof.events import Segment
 from latprof.semconv import NET_CONNECT_MS, NET_NEW_CONNECTION, NET_SERVER_MS, NET_TLS_MS, NET_UPLOAD_MS
 
@@ -34,15 +34,8 @@ MESSAGES = [{"role": "user", "content": "Which layer owns the p99?"}]
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, Path, Path]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    folder = tmp_path_factory.mktemp("tls")
-    chain, key = folder / "chain.pem", folder / "key.pem"
-    cert.private_key_and_cert_chain_pem.write_to_path(str(chain))
-    cert.private_key_pem.write_to_path(str(key))
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    return context, chain, key
+    certificate = LocalCertificate.make(tmp_path_factory.mktemp("tls"))
+    return certificate.client_context(), Path(certificate.chain_file), Path(certificate.key_file)
 
 
 @pytest.fixture(scope="module")
