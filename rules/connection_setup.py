@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from latprof.analysis.network import CohortSetup, NetCall, cohort_setup, net_calls
+from latprof.analysis.network import CohortSetup, NetCall, cohort_setup, net_calls, setup_excess_ms
 from latprof.analysis.requests import Analysis, percentile
 from latprof.engine import Finding, Rule, fmt_ms, severity_for_share
 from latprof.layers import PROVIDER
@@ -88,7 +88,7 @@ class ConnectionSetup(Rule):
             return
         tail = cohort_setup(analysis, calls, "tail") if analysis.has_tail else None
         median = cohort_setup(analysis, calls, "median")
-        excess = max(0.0, tail.setup_mean_ms - (median.setup_mean_ms if median else 0.0)) if tail else 0.0
+        excess = setup_excess_ms(tail, median)
         share_of_excess = excess / analysis.tail_excess_ms if analysis.tail_excess_ms > 0 else 0.0
         owns_tail = (
             tail is not None

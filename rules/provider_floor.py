@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from latprof.analysis.prompts import PromptLine, PromptPart, TtftCall, fit_prompt_line, prompt_part, tail_provider_ms_by_model, ttft_calls
-from latprof.analysis.network import net_calls, tail_setup_excess_ms
+from latprof.analysis.network import NetCall, net_calls, tail_setup_excess_ms
 from latprof.analysis.requests import Analysis, LayerStats, percentile
 from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
 from latprof.layers import LAYERS, PROVIDER
@@ -112,6 +112,9 @@ class ProviderFloor(Rule):
             return
         tail_weights = tail_provider_ms_by_model(analysis)
         tail_total_ms = sum(tail_weights.values())
+        # Connection set-up the HTTP client measured (every model's calls): read once.
+        timed = net_calls(analysis)
+        setup = (_tail_setup_per_call(analysis, timed), tail_setup_excess_ms(analysis, timed) if tail_owned else 0.0)
         for model in sorted(calls):
             model_calls = calls[model]
             if len(model_calls) < t.min_calls:
@@ -142,6 +145,7 @@ class ProviderFloor(Rule):
                 median_share,
                 weight,
                 several_models=len(calls) > 1,
+                setup=setup,
             )
 
     def _finding(
@@ -157,6 +161,7 @@ class ProviderFloor(Rule):
         weight: float,
         *,
         several_models: bool,
+        setup: tuple[float, float],
     ) -> Finding:
         ttfts = sorted(c.ttft_ms for c in calls)
         ttft_p50, ttft_p99 = percentile(ttfts, 50), percentile(ttfts, 99)
@@ -196,12 +201,12 @@ class ProviderFloor(Rule):
         above_ms, part = _tail_above_floor_and_prompt(analysis, calls, fit, evidence)
         # Connection set-up the HTTP client measured sits inside TTFT: it is no provider-side
         # queueing, and the part of the tail excess it explains is connection-setup's to name.
-        setup_ms = _tail_setup_per_call(analysis)
+        setup_ms = setup[0]  # a tail call's mean set-up, and the tail excess it explains (`tail_setup_excess_ms`)
         if setup_ms and above_ms is not None:
             evidence["tail_connection_setup_ms"] = round(setup_ms, 3)
             above_ms -= setup_ms
             evidence["tail_ttft_above_floor_and_prompt_ms"] = round(above_ms, 3)
-        setup_excess_ms = tail_setup_excess_ms(analysis) * weight if tail_owned else 0.0
+        setup_excess_ms = setup[1] * weight if tail_owned else 0.0
 
         who = f"For {model}, TTFT" if model else "TTFT"
         floor_text = f"{who} has a floor of {fmt_ms(fit.floor_ms)} that no prompt change moves"
@@ -318,10 +323,10 @@ def _tail_above_floor_and_prompt(
     return above, part
 
 
-def _tail_setup_per_call(analysis: Analysis) -> float:
-    """Mean connection set-up (DNS, connect, TLS) of the tail requests' LLM calls that have network timings; 0 without."""
+def _tail_setup_per_call(analysis: Analysis, timed: Sequence[NetCall]) -> float:
+    """Mean connection set-up (DNS, connect, TLS) of the tail requests' calls among `timed` (`net_calls`); 0 without."""
     tail = set(analysis.groups.tail)
-    setups = [c.setup_ms for c in net_calls(analysis) if c.request_index in tail]
+    setups = [c.setup_ms for c in timed if c.request_index in tail]
     return sum(setups) / len(setups) if setups else 0.0
 
 

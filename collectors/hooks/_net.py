@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from latprof.semconv import NET_CONNECT_MS, NET_NEW_CONNECTION, NET_SERVER_MS, NET_TLS_MS, NET_UPLOAD_MS
+from latprof.semconv import NET_CONNECT_MS, NET_DNS_MS, NET_NEW_CONNECTION, NET_SERVER_MS, NET_TLS_MS, NET_UPLOAD_MS
 
 _clock = time.perf_counter_ns
 
@@ -48,12 +48,15 @@ _MARKS = {
 
 
 def timings(marks: dict[str, int]) -> dict[str, Any]:
-    """The attributes of one attempt from its marks (perf_counter ns): each stretch whose two ends were seen."""
+    """The attributes of one attempt from its marks (perf_counter ns): each stretch whose two ends
+    were seen. A resolution timed on its own (aiohttp's) happened inside the connect: taken out of it."""
     out: dict[str, Any] = {}
-    for key, start, end in ((NET_CONNECT_MS, "connect0", "connect1"), (NET_TLS_MS, "tls0", "tls1"),
+    for key, start, end in ((NET_DNS_MS, "dns0", "dns1"), (NET_CONNECT_MS, "connect0", "connect1"), (NET_TLS_MS, "tls0", "tls1"),
                             (NET_UPLOAD_MS, "upload0", "upload1"), (NET_SERVER_MS, "upload1", "headers")):  # fmt: skip
         if start in marks and end in marks and marks[end] >= marks[start]:
             out[key] = round((marks[end] - marks[start]) / 1e6, 3)
+    if NET_DNS_MS in out and NET_CONNECT_MS in out:
+        out[NET_CONNECT_MS] = round(max(0.0, out[NET_CONNECT_MS] - out[NET_DNS_MS]), 3)
     out[NET_NEW_CONNECTION] = "connect0" in marks
     return out
 
@@ -132,7 +135,6 @@ def _make_aiohttp_config() -> Any:
     import aiohttp
 
     from latprof.collectors.hooks._llm import timed_call
-    from latprof.semconv import NET_DNS_MS
 
     def marker(name: str) -> Any:
         async def mark(session: Any, ctx: Any, params: Any) -> None:
@@ -143,12 +145,7 @@ def _make_aiohttp_config() -> Any:
                 marks = ctx.__dict__.setdefault("latprof_marks", {})
                 marks[name] = _clock()
                 if name == "headers":  # on_request_end: the response's headers were read
-                    net = timings(marks)
-                    if "dns0" in marks and "dns1" in marks:
-                        net[NET_DNS_MS] = round((marks["dns1"] - marks["dns0"]) / 1e6, 3)
-                        if NET_CONNECT_MS in net:  # aiohttp resolves inside its connection's creation
-                            net[NET_CONNECT_MS] = round(max(0.0, net[NET_CONNECT_MS] - net[NET_DNS_MS]), 3)
-                    call.net = net
+                    call.net = timings(marks)
             except Exception:  # never into the client
                 pass
 

@@ -71,18 +71,19 @@ def cohort_setup(analysis: Analysis, calls: list[NetCall], which: str) -> Cohort
     return CohortSetup(len(per_request), total_setup / weight, total_provider / weight, new / count)
 
 
-def tail_setup_excess_ms(analysis: Analysis) -> float:
-    """How much more connection set-up a tail request paid than a median one (0 without timings or a tail).
+def setup_excess_ms(tail: CohortSetup | None, median: CohortSetup | None) -> float:
+    """How much more connection set-up a tail request paid than a median one (0 without a tail's timings)."""
+    if tail is None:
+        return 0.0
+    return max(0.0, tail.setup_mean_ms - (median.setup_mean_ms if median is not None else 0.0))
+
+
+def tail_setup_excess_ms(analysis: Analysis, calls: list[NetCall]) -> float:
+    """`setup_excess_ms` of the analysis's cohorts over `calls` (`net_calls`); 0 without a tail.
 
     The part of the `provider` layer's tail excess that the network's set-up explains: rules
     that explain the rest of that layer (`provider-floor`) leave it to `connection-setup`.
     """
-    if not analysis.groups.tail:
+    if not analysis.groups.tail or not calls:
         return 0.0
-    calls = net_calls(analysis)
-    if not calls:
-        return 0.0
-    tail, median = cohort_setup(analysis, calls, "tail"), cohort_setup(analysis, calls, "median")
-    if tail is None:
-        return 0.0
-    return max(0.0, tail.setup_mean_ms - (median.setup_mean_ms if median is not None else 0.0))
+    return setup_excess_ms(cohort_setup(analysis, calls, "tail"), cohort_setup(analysis, calls, "median"))
