@@ -12,6 +12,8 @@ stopped from `attach` to `detach`; in between, two calls and one write:
    safe point, never inside an allocation. The call takes the interpreter's pending-call
    lock, so it is made on a thread that cannot hold it: one stopped inside a system call,
    other than the main thread when there is one (only the main thread runs pending calls).
+   When no thread stands in a system call at the attach (a main thread between two sleeps),
+   gdb detaches and attaches again a few milliseconds later (`ATTACH_ATTEMPTS`).
 
 No symbol or debug information is read while the target is stopped: the addresses come
 from latprof (read from the mapped files' dynamic symbol tables beforehand).
@@ -51,6 +53,11 @@ import gdb  # type: ignore  # gdb's embedded module (no stubs)
 PROT_READ_WRITE = 3
 MAP_PRIVATE_ANONYMOUS = 0x22
 PAGE = 4096
+#: A thread stopped outside a system call may hold the pending-call lock (and live vector registers):
+#: the process is let go and stopped again, a little later each time, up to this many times, before
+#: the calls are made where it stands (a main thread that never enters a system call).
+ATTACH_ATTEMPTS = 6
+ATTACH_RETRY_S = 0.003
 
 
 def _quiet(command: str) -> None:
@@ -223,18 +230,30 @@ def main() -> None:
                     "set debuginfod enabled off", "set unwindonsignal on", "set print thread-events off"):
         _quiet(command)
     started = time.monotonic()
+    held_before = 0.0  # the stops of earlier attempts, which found no thread in a system call
     try:
-        gdb.execute(f"attach {pid}", to_string=True)
-        result["attached"] = True
-        inferior = gdb.selected_inferior()
-        threads = list(inferior.threads())
-        thread, in_syscall = _pick_thread(pid, threads)
-        thread.switch()
-        by_hand = bool(orders.get("by_hand")) or not _can_write_vector_registers()
-        if by_hand:
-            thread, in_syscall = _pick_thread(pid, threads, main_first=True)
+        by_hand: bool | None = None
+        for attempt in range(1, ATTACH_ATTEMPTS + 1):
+            started = time.monotonic()
+            gdb.execute(f"attach {pid}", to_string=True)
+            result["attached"] = True
+            inferior = gdb.selected_inferior()
+            threads = list(inferior.threads())
+            thread, in_syscall = _pick_thread(pid, threads)
             thread.switch()
-        result.update(threads=len(threads), thread=thread.ptid[1], main_thread=thread.ptid[1] == pid, in_syscall=in_syscall)
+            if by_hand is None:
+                by_hand = bool(orders.get("by_hand")) or not _can_write_vector_registers()
+            if by_hand:
+                thread, in_syscall = _pick_thread(pid, threads, main_first=True)
+                thread.switch()
+            if in_syscall or attempt == ATTACH_ATTEMPTS:
+                break
+            gdb.execute("detach", to_string=True)
+            result["attached"] = False
+            held_before += time.monotonic() - started
+            time.sleep(ATTACH_RETRY_S * attempt)
+        result.update(threads=len(threads), thread=thread.ptid[1], main_thread=thread.ptid[1] == pid,
+                      in_syscall=in_syscall, attempts=attempt)  # fmt: skip
         size = (len(code) + PAGE - 1) // PAGE * PAGE
         result["calls_by_hand"] = by_hand
         if by_hand:
@@ -271,7 +290,7 @@ def main() -> None:
                 gdb.execute("detach", to_string=True)
             except gdb.error as exc:
                 result["detach_error"] = str(exc)
-        result["held_ms"] = round((time.monotonic() - started) * 1000, 3)
+        result["held_ms"] = round((held_before + time.monotonic() - started) * 1000, 3)
         print("LATPROF-GDB " + json.dumps(result), flush=True)
 
 
