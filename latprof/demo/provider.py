@@ -21,6 +21,7 @@ Endpoints (HTTP/1.1 with keep-alive, bound to 127.0.0.1 only):
   as `message_start`, ..., `content_block_delta` ..., `message_stop` events, errors in its
   shape (`latprof.demo.provider_anthropic`); the anthropic client's base URL is the root, no `/v1`.
 - `GET /v1/models`, and `GET /latprof/stats` (attempts, 429s, ... served so far).
+- `GET /metrics` in engine mode: vLLM's Prometheus metrics (501 without prometheus_client).
 
 Timing of a streamed answer: the headers and the role-only first chunk (content "") go out at
 once, the first token after TTFT, then one token every `tpot_ms`, the finish chunk one
@@ -43,11 +44,24 @@ crowded batch: a stream decodes from its first token to its last event, and ever
 the server counts (whatever its model or settings). A non-streamed answer's time is planned
 up front and neither slows nor is slowed. With k = 0 tokens keep their fixed schedule.
 
+Engine mode (`engine_max_running` > 0): every answer (chat, Responses, Messages; streamed or
+not) comes from a continuous-batching scheduler with vLLM's semantics (`latprof.demo.engine`):
+a running batch of at most `engine_max_running` requests, a FIFO queue, steps of
+`engine_step_ms` + `engine_step_ms_per_running` x running (+ `engine_prefill_ms_per_1k_tokens`
+per 1000 tokens prefilled in the step), one token per running request per step, an optional
+KV budget (`engine_kv_tokens`) that preempts; `/metrics` shows vLLM's gauges, counters and
+histograms. Each token is sent when the engine makes it. `ttft_ms` (and a spike) is then only
+the way to the engine, waited before the request joins its queue (the network and the API
+server: 0 for an engine on the spot); `ttft_ms_per_1k_input_tokens`, `tpot_ms`,
+`tpot_ms_per_stream_in_flight` and `max_concurrency` play no part. A client that leaves aborts
+its request (freed from the batch or the queue, counted `finished_reason="abort"`).
+
     with Provider(ttft_ms=300, tpot_ms=10, output_tokens=20) as provider:
         client = openai.OpenAI(base_url=provider.url, api_key="unused")
 
     python -m latprof.demo.provider --port 8911 --ttft-ms 300 --spike-probability 0.05 --spike-ms 2000
     python -m latprof.demo.provider --output-tokens 8 --long-output-probability 0.04 --long-output-tokens 240
+    python -m latprof.demo.provider --ttft-ms 0 --engine-max-running 8 --engine-kv-tokens 4000   # then GET /metrics
 """
 
 from __future__ import annotations
@@ -68,9 +82,10 @@ import time
 import zlib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from latprof.demo import provider_anthropic
+from latprof.demo.engine import Engine, EngineRequest, MetricsUnavailable
 
 HOST = "127.0.0.1"
 
@@ -136,10 +151,26 @@ class ProviderConfig:
     #: The model answered with when the request names none.
     model: str = "latprof-demo-1"
     seed: int = 0
+    #: Engine mode (> 0): answers come from a continuous-batching scheduler with vLLM's semantics
+    #: (`latprof.demo.engine`) running at most this many requests at once (vLLM's `max_num_seqs`),
+    #: the others waiting in its FIFO queue, and `GET /metrics` serves vLLM's Prometheus metrics.
+    #: 0: off (the timing settings above apply).
+    engine_max_running: int = 0
+    #: The engine's KV cache in tokens (a request holds input + generated tokens); a batch that
+    #: outgrows it preempts its newest request, which prefills again later (0: unlimited).
+    engine_kv_tokens: int = 0
+    #: The engine's time per step (one output token for each running request) ...
+    engine_step_ms: float = 10.0
+    #: ... plus this per running request (a bigger batch decodes each token slower) ...
+    engine_step_ms_per_running: float = 1.0
+    #: ... plus this per 1000 tokens prefilled in the step (input + generated, for a restart).
+    engine_prefill_ms_per_1k_tokens: float = 20.0
+    #: The `model_name` label of the engine's metrics ("": the model of the first request).
+    engine_model: str = ""
 
     def __post_init__(self) -> None:
         for name in ("ttft_ms", "ttft_ms_per_1k_input_tokens", "spike_ms", "tpot_ms", "connect_delay_ms", "connect_spike_ms",
-                     "tpot_ms_per_stream_in_flight"):
+                     "tpot_ms_per_stream_in_flight", "engine_step_ms", "engine_step_ms_per_running", "engine_prefill_ms_per_1k_tokens"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
@@ -147,7 +178,8 @@ class ProviderConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
                 raise ValueError(f"{name} must be within [0, 1], not {value!r}")
-        for name in ("output_tokens", "long_output_tokens", "fail_first", "retry_after_ms", "max_concurrency", "reset_after_events"):
+        for name in ("output_tokens", "long_output_tokens", "fail_first", "retry_after_ms", "max_concurrency", "reset_after_events",
+                     "engine_max_running", "engine_kv_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
@@ -169,7 +201,8 @@ class ProviderConfig:
 
 #: Settings that apply to the server as a whole, not per request.
 _SERVER_ONLY = frozenset({"max_concurrency", "seed", "connect_delay_ms", "connect_spike_probability", "connect_spike_ms",
-                          "tls_cert_file", "tls_key_file"})
+                          "tls_cert_file", "tls_key_file", "engine_max_running", "engine_kv_tokens", "engine_step_ms",
+                          "engine_step_ms_per_running", "engine_prefill_ms_per_1k_tokens", "engine_model"})
 
 
 def _convert(value: Any, kind: type, name: str) -> Any:
@@ -197,6 +230,8 @@ class _Request:
     headers: dict[str, str]
     body: bytes
     keep_alive: bool
+    #: True once the client has closed its end (set by the connection's handler).
+    client_left: Callable[[], bool] | None = None
 
 
 class _BadRequest(Exception):
@@ -248,7 +283,8 @@ async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
     return _Request(method.upper(), target.split("?", 1)[0], headers, body, keep_alive)
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 429: "Too Many Requests"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 429: "Too Many Requests",
+            501: "Not Implemented"}
 
 
 def _head(status: int, headers: Sequence[tuple[str, str]], keep_alive: bool) -> bytes:
@@ -306,6 +342,7 @@ class _Answer:
     finish_reason: str  # stop, length or tool_calls
     ttft_s: float
     tpot_s: float
+    front_s: float = 0.0  # engine mode: the wait before the engine sees it (ttft_ms and a spike, no prefill)
 
     @property
     def text(self) -> str:
@@ -329,6 +366,12 @@ class _ProviderServer:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.tls = _tls_context(config)
         self._connect_rng = random.Random(f"{config.seed}:connect")  # its own stream: spikes of calls stay the same
+        self.engine: Engine | None = None
+        if config.engine_max_running:  # built on the serving loop: its task ends with the others when the server stops
+            self.engine = Engine(config.engine_max_running, kv_tokens=config.engine_kv_tokens, step_ms=config.engine_step_ms,
+                                 step_ms_per_running=config.engine_step_ms_per_running,
+                                 prefill_ms_per_1k_tokens=config.engine_prefill_ms_per_1k_tokens, model_name=config.engine_model)
+            self.tasks.add(asyncio.get_running_loop().create_task(self.engine.run(), name="latprof-demo-engine"))
 
     def connect_delay_ms(self) -> float:
         """How long the next new connection waits before it is served."""
@@ -351,6 +394,8 @@ class _ProviderServer:
                 except _BadRequest as exc:
                     await self._error(writer, 400, str(exc), "invalid_request_error", keep_alive=False)
                     break
+                if request is not None:
+                    request.client_left = lambda: reader.at_eof() or writer.transport.is_closing()
                 if request is None or not await self._dispatch(request, writer) or not request.keep_alive:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, UnicodeDecodeError):
@@ -370,6 +415,11 @@ class _ProviderServer:
             return await self._json(writer, 200, body, request.keep_alive)
         if path == "/latprof/stats" and request.method == "GET":
             return await self._json(writer, 200, dict(self.stats), request.keep_alive)
+        if path == "/metrics" and request.method == "GET" and self.engine is not None:
+            try:
+                return await self._text(writer, 200, self.engine.metrics_text(), self.engine.content_type, request.keep_alive)
+            except MetricsUnavailable as exc:
+                return await self._text(writer, 501, f"{exc}\n".encode(), "text/plain; charset=utf-8", request.keep_alive)
         if path in ("/v1/chat/completions", "/chat/completions"):
             kind = "chat"
         elif path in ("/v1/responses", "/responses"):
@@ -400,7 +450,7 @@ class _ProviderServer:
             headers = [("retry-after-ms", str(config.retry_after_ms)), ("retry-after", str(math.ceil(config.retry_after_ms / 1000)))]
             return await self._error(writer, 429, "Rate limit reached (latprof demo provider)", "rate_limit_exceeded", request.keep_alive, headers, api=kind)
 
-        if self._limit is not None:
+        if self._limit is not None and self.engine is None:
             async with self._limit:  # queued requests wait here: provider-side queueing, inside TTFT
                 return await self._answer(kind, payload, config, request, writer)
         return await self._answer(kind, payload, config, request, writer)
@@ -444,8 +494,10 @@ class _ProviderServer:
             tokens, finish = limit, "length"
         input_tokens = _estimate_tokens(prompt)
         ttft_ms = config.ttft_ms + config.ttft_ms_per_1k_input_tokens * input_tokens / 1000
+        front_ms = config.ttft_ms
         if config.spike_probability and self._rng.random() < config.spike_probability:
             ttft_ms += config.spike_ms
+            front_ms += config.spike_ms
         offset = zlib.crc32(f"{config.seed}:{prompt}".encode())
         words = [_WORDS[(offset + i) % len(_WORDS)] for i in range(tokens)]
         wants_tool = tools and payload.get("tool_choice") != "none" and (config.tool_calls == "always" or (config.tool_calls == "auto" and not last_is_tool_result))
@@ -454,10 +506,10 @@ class _ProviderServer:
             name = str(tools[0].get("name") or "tool")
             arguments = json.dumps({"query": " ".join(words)})
             return _Answer(str(payload.get("model") or config.model), input_tokens, _split(arguments, tokens), name,
-                           f"call_{number}", "tool_calls", ttft_ms / 1000, config.tpot_ms / 1000)
+                           f"call_{number}", "tool_calls", ttft_ms / 1000, config.tpot_ms / 1000, front_ms / 1000)
         pieces = [("" if i == 0 else " ") + word for i, word in enumerate(words)]
         return _Answer(str(payload.get("model") or config.model), input_tokens, pieces, None, f"call_{number}", finish,
-                       ttft_ms / 1000, config.tpot_ms / 1000)
+                       ttft_ms / 1000, config.tpot_ms / 1000, front_ms / 1000)
 
     async def _answer(self, kind: str, payload: dict[str, Any], config: ProviderConfig, request: _Request, writer: asyncio.StreamWriter) -> bool:
         loop = asyncio.get_running_loop()
@@ -466,25 +518,58 @@ class _ProviderServer:
         number = self._next_id()
         stream = bool(payload.get("stream"))
         headers = [("x-request-id", f"req_{number}"), ("openai-model", answer.model)]
-        if not stream:
-            await _sleep_until(loop, start + answer.ttft_s + len(answer.pieces) * answer.tpot_s)
-            body = (self._chat_completion(answer, number) if kind == "chat" else provider_anthropic.message(answer, number)
-                    if kind == "anthropic" else self._response(answer, number, "completed"))
-            headers.append(("openai-processing-ms", str(round((loop.time() - start) * 1000))))
-            self.stats["answered"] += 1
-            return await self._json(writer, 200, body, request.keep_alive, headers)
-        headers += [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache"),
-                    ("transfer-encoding", "chunked"), ("openai-processing-ms", str(round((loop.time() - start) * 1000)))]
-        writer.write(_head(200, headers, request.keep_alive))
-        events = list(self._chat_events(answer, number, payload, config) if kind == "chat" else provider_anthropic.events(answer, number)
-                      if kind == "anthropic" else self._response_events(answer, number))
+        job: EngineRequest | None = None
+        try:
+            if not stream:
+                if self.engine is not None:
+                    job = await self._to_engine(answer, request)
+                    if not await job.until(None):
+                        return False  # the client left
+                else:
+                    await _sleep_until(loop, start + answer.ttft_s + len(answer.pieces) * answer.tpot_s)
+                body = (self._chat_completion(answer, number) if kind == "chat" else provider_anthropic.message(answer, number)
+                        if kind == "anthropic" else self._response(answer, number, "completed"))
+                headers.append(("openai-processing-ms", str(round((loop.time() - start) * 1000))))
+                self.stats["answered"] += 1
+                return await self._json(writer, 200, body, request.keep_alive, headers)
+            headers += [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache"),
+                        ("transfer-encoding", "chunked"), ("openai-processing-ms", str(round((loop.time() - start) * 1000)))]
+            writer.write(_head(200, headers, request.keep_alive))
+            events = list(self._chat_events(answer, number, payload, config) if kind == "chat" else provider_anthropic.events(answer, number)
+                          if kind == "anthropic" else self._response_events(answer, number))
+            if self.engine is not None:
+                job = await self._to_engine(answer, request)
+            if not await self._stream(events, answer, config, writer, start, job):
+                return False
+        finally:
+            if job is not None and self.engine is not None:
+                self.engine.abort(job)  # a client that left, or a server that stops (nothing once done)
+        self.stats["answered"] += 1
+        self.stats["streamed"] += 1
+        return True
+
+    async def _to_engine(self, answer: _Answer, request: _Request) -> EngineRequest:
+        """The answer's request, queued in the engine after the fixed part of TTFT (the way there)."""
+        assert self.engine is not None
+        if answer.front_s:
+            await asyncio.sleep(answer.front_s)
+        return self.engine.submit(answer.input_tokens, len(answer.pieces), model=answer.model, finish_reason=answer.finish_reason,
+                                  gone=request.client_left)
+
+    async def _stream(self, events: list[tuple[int | None, bytes]], answer: _Answer, config: ProviderConfig, writer: asyncio.StreamWriter,
+                      start: float, job: EngineRequest | None) -> bool:
+        """Send a streamed answer's events, each at its token's time; False when the connection is done for."""
+        loop = asyncio.get_running_loop()
         first_token_at = start + answer.ttft_s
         per_stream_s = config.tpot_ms_per_stream_in_flight / 1000
         slot, slot_at, decoding = 0, first_token_at, False
         try:
             for index, (offset_tokens, data) in enumerate(events):
                 if offset_tokens is not None:
-                    if per_stream_s:  # each token one tpot after the last, at the load of the moment
+                    if job is not None:  # engine mode: when the scheduler has produced it (the last events: when done)
+                        if not await job.until(offset_tokens + 1 if offset_tokens < len(answer.pieces) else None):
+                            return False  # the client left
+                    elif per_stream_s:  # each token one tpot after the last, at the load of the moment
                         while slot < offset_tokens:
                             slot, slot_at = slot + 1, slot_at + answer.tpot_s + per_stream_s * max(0, self.decoding - 1)
                         await _sleep_until(loop, slot_at)
@@ -507,8 +592,6 @@ class _ProviderServer:
         if not events:
             writer.write(_END)
             await writer.drain()
-        self.stats["answered"] += 1
-        self.stats["streamed"] += 1
         return True
 
     # Each event is (when, bytes): `when` is the token slot it waits for (0 = first token), None = at once.
@@ -612,6 +695,11 @@ class _ProviderServer:
         event(done_at, {"type": "response.output_item.done", "output_index": 0, "item": self._output_item(answer, number, True)})
         event(done_at, {"type": "response.completed", "response": self._response(answer, number, "completed")})
         return events
+
+    async def _text(self, writer: asyncio.StreamWriter, status: int, data: bytes, content_type: str, keep_alive: bool) -> bool:
+        writer.write(_head(status, [("content-type", content_type), ("content-length", str(len(data)))], keep_alive) + data)
+        await writer.drain()
+        return keep_alive
 
     async def _json(self, writer: asyncio.StreamWriter, status: int, body: Any, keep_alive: bool,
                     headers: Sequence[tuple[str, str]] = ()) -> bool:
@@ -766,6 +854,11 @@ class Provider:
     def url(self) -> str:
         return f"{'https' if self.config.tls_cert_file else 'http'}://{HOST}:{self.port}/v1"
 
+    @property
+    def metrics_url(self) -> str:
+        """The engine mode's Prometheus endpoint (what `--engine-metrics` scrapes)."""
+        return f"{'https' if self.config.tls_cert_file else 'http'}://{HOST}:{self.port}/metrics"
+
     def stats(self) -> dict[str, int]:
         """Attempts, 429s, answers, streamed answers and broken connections served so far."""
         if self._server:
@@ -876,6 +969,13 @@ _HELP = {
     "tls_key_file": "the PEM private key of --tls-cert-file",
     "model": "the model answered with when the request names none",
     "seed": "seed of the text, the spikes and the long answers",
+    "engine_max_running": "engine mode: a vLLM-like continuous-batching scheduler running at most this many requests "
+                          "(max_num_seqs), the others queued, vLLM's metrics at GET /metrics (0: off)",
+    "engine_kv_tokens": "the engine's KV cache in tokens; outgrowing it preempts the newest request (0: unlimited)",
+    "engine_step_ms": "the engine's time per step (one token per running request)",
+    "engine_step_ms_per_running": "the engine's step time added per running request",
+    "engine_prefill_ms_per_1k_tokens": "the engine's step time added per 1000 tokens prefilled in the step",
+    "engine_model": "the model_name label of the engine's metrics (default: the first request's model)",
 }
 
 
