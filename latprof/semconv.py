@@ -134,6 +134,29 @@ GAUGE_LOOP_LAG_MS: Final = "event_loop.lag_ms"
 GAUGE_ACCEPT_QUEUE: Final = "accept.queue_depth"  # LISTEN socket rx_queue
 GAUGE_CPU_PERCENT: Final = "process.cpu_percent"
 
+# Gauges of a self-hosted inference engine, scraped from its Prometheus endpoint (`--engine-metrics`,
+# collectors/scrape/). Each instance's attrs name the engine (`ENGINE_KIND`), the endpoint
+# (`server.address`, `server.port`) and the model where the engine labels it (`gen_ai.request.model`).
+GAUGE_ENGINE_WAITING: Final = "engine.requests.waiting"  # requests in the engine's scheduler queue
+GAUGE_ENGINE_RUNNING: Final = "engine.requests.running"  # requests in its running batch
+GAUGE_ENGINE_KV_USAGE: Final = "engine.kv_cache.usage"  # share of the KV cache in use, 0..1
+GAUGE_ENGINE_PREEMPTIONS: Final = "engine.preemptions"  # preemptions since the previous scrape (counter delta)
+GAUGE_ENGINE_FINISHED: Final = "engine.requests.finished"  # requests finished since the previous scrape
+#: Per-request histograms of the engine, as the deltas since the previous scrape: gauge
+#: `engine.<stage>_ms.sum` (milliseconds) and `engine.<stage>_ms.count` (requests) per stage.
+ENGINE_STAGES: Final = ("queue", "prefill", "decode", "inference", "ttft", "e2e")
+
+
+def engine_stage_gauges(stage: str) -> tuple[str, str]:
+    """The sum (ms) and count gauge names of an engine histogram stage (`ENGINE_STAGES`)."""
+    return f"engine.{stage}_ms.sum", f"engine.{stage}_ms.count"
+
+
+ENGINE_KIND: Final = "latprof.engine"  # vllm, sglang, tgi, llamacpp
+#: The engine scraper's name in a capture header's `collectors`, and its header's `role` (the
+#: header of latprof's own process, not of a service process).
+ENGINE_SCRAPER: Final = "engine-metrics"
+
 # --- collection-quality record kinds --------------------------------------------------------
 NOTE_HOOKS_LOADED: Final = "hooks_loaded"
 NOTE_DROPPED: Final = "dropped"
@@ -168,3 +191,6 @@ NOTE_CLOSED: Final = "closed"
 #: One process `latprof attach --inject` tried (attrs: `outcome`, `held_ms`, `hooks`,
 #: `coverage`, `detach`, ...: `latprof.inject.session.Injected`); the report's `collection.injected`.
 NOTE_INJECTED: Final = "injected"
+#: What scraping one `--engine-metrics` endpoint saw (attrs: `endpoint`, `engine`, `scrapes`,
+#: `failed`, `missing`, `models`: `latprof.collectors.scrape.prometheus.ScrapeSummary`); the report's `collection.engines`.
+NOTE_ENGINE_METRICS: Final = "engine_metrics"

@@ -7,10 +7,12 @@ when a module of this folder is missing from `MODULES`.
 from types import ModuleType
 
 from . import (
+    capacity_exceeded,
     connection_setup,
     context_growth,
     cpu_bound,
     db_pool_exhaustion,
+    engine_queueing,
     event_loop_blocked,
     http_pool_exhaustion,
     lock_contention,
@@ -25,10 +27,12 @@ from . import (
 
 #: Every built-in rule module, by file name; `latprof.engine.discover_rules` takes their Rule classes.
 MODULES: tuple[ModuleType, ...] = (
+    capacity_exceeded,
     connection_setup,
     context_growth,
     cpu_bound,
     db_pool_exhaustion,
+    engine_queueing,
     event_loop_blocked,
     http_pool_exhaustion,
     lock_contention,

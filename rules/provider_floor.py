@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from latprof.analysis.prompts import PromptLine, PromptPart, TtftCall, fit_prompt_line, prompt_part, tail_provider_ms_by_model, ttft_calls
+from latprof.analysis.engine import engine_queue_ms
 from latprof.analysis.network import NetCall, net_calls, tail_setup_excess_ms
 from latprof.analysis.requests import Analysis, LayerStats, percentile
 from latprof.engine import Finding, Rule, fmt_ms, owns_tail, severity_for_share
@@ -207,6 +208,10 @@ class ProviderFloor(Rule):
             above_ms -= setup_ms
             evidence["tail_ttft_above_floor_and_prompt_ms"] = round(above_ms, 3)
         setup_excess_ms = setup[1] * weight if tail_owned else 0.0
+        # a self-hosted engine's queue, seen in its own metrics, is rule engine-queueing's
+        engine_ms = min(engine_queue_ms(analysis, model), stats.tail_excess_ms * weight) if tail_owned else 0.0
+        if engine_ms:
+            evidence["tail_engine_queue_ms"] = round(engine_ms, 3)
 
         who = f"For {model}, TTFT" if model else "TTFT"
         floor_text = f"{who} has a floor of {fmt_ms(fit.floor_ms)} that no prompt change moves"
@@ -230,6 +235,8 @@ class ProviderFloor(Rule):
                 )
             if setup_ms:
                 summary += f"; {fmt_ms(setup_ms)} of the tail's TTFT was opening connections (connection-setup)"
+            if engine_ms:
+                summary += f"; {fmt_ms(engine_ms)} of the tail's excess was the engine's own queue (engine-queueing)"
             # (a few ms above them is the fit's noise, not queueing: said from a tenth of the tail's TTFT)
             if above_ms is not None and above_ms > 0 and above_ms >= 0.1 * evidence.get("tail_ttft_mean_ms", 0.0):
                 summary += f"; tail TTFT ran {fmt_ms(above_ms)} above floor and prompt (provider-side queueing)"
@@ -252,7 +259,7 @@ class ProviderFloor(Rule):
         return self.finding(
             severity=severity,
             confidence=confidence,
-            impact_ms=max(0.0, stats.tail_excess_ms * weight - setup_excess_ms),
+            impact_ms=max(0.0, stats.tail_excess_ms * weight - setup_excess_ms - engine_ms),
             summary=summary + ".",
             evidence=evidence,
             fix=_fix(fit, prompt_ms_at_p50, evidence.get("input_tokens_p50"), above_ms),

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from latprof.capture.reader import CaptureData
 from latprof.collectors.traces.tracemap import SpanFacts
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
-from latprof.semconv import NOTE_CLOSED, NOTE_HOOK_ACTIVE, NOTE_HOOKS_LOADED, NOTE_INJECTED, NOTE_OVERHEAD, NOTES_ACTIVITY
+from latprof.semconv import (
+    NOTE_CLOSED,
+    NOTE_ENGINE_METRICS,
+    NOTE_HOOK_ACTIVE,
+    NOTE_HOOKS_LOADED,
+    NOTE_INJECTED,
+    NOTE_OVERHEAD,
+    NOTES_ACTIVITY,
+)
 
 if TYPE_CHECKING:
     from latprof.analysis.stall_inference import PossibleStall
@@ -180,7 +188,7 @@ def _summarize_quality(records: list[QualityRecord]) -> list[str]:
     """One warning per (process, kind, message), counts summed: a writer repeats them per flush."""
     totals: dict[tuple[int, str, str], int] = {}
     for record in records:
-        if record.kind not in (NOTE_HOOKS_LOADED, NOTE_HOOK_ACTIVE, NOTE_INJECTED, NOTE_CLOSED, NOTE_OVERHEAD):  # what ran, or `collection.overhead`
+        if record.kind not in (NOTE_HOOKS_LOADED, NOTE_HOOK_ACTIVE, NOTE_INJECTED, NOTE_CLOSED, NOTE_OVERHEAD, NOTE_ENGINE_METRICS):  # what ran, or `collection`'s
             key = (record.pid, record.kind, record.message)
             totals[key] = totals.get(key, 0) + record.occurrences
     lines = []

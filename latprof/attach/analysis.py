@@ -60,6 +60,7 @@ from latprof.collectors.attach.stacks import (
     BUSY, IDLE, LOOP_FRAMES, Classification, classify_sample, event_loop_thread, has_frame, own_frame,
 )
 from latprof.analysis.timeline import Timeline
+from latprof.semconv import NOTE_ENGINE_METRICS
 
 #: What an inferred pool on an asyncio server is inferred from (`evidence.inferred_from`).
 SOURCE_CENSUS = "the socket census (a stable ceiling of connections to the database while requests waited)"
@@ -655,6 +656,9 @@ def build_attach_report(aa: AttachAnalysis, findings: Sequence[Finding]) -> Repo
         extra["db_backends"] = aa.backends.evidence()
     if aa.reconstructed is not None:
         extra["reconstructed"] = aa.reconstructed
+    engines = [dict(q.attrs) for q in timeline.quality if q.kind == NOTE_ENGINE_METRICS]
+    if engines:  # what `--engine-metrics` scraping saw (no requests to line the engine up with)
+        extra["engines"] = engines
 
     def second_extra(row: dict[str, Any]) -> dict[str, Any]:
         more = {"workers": aa.workers, "busy_workers": row["busy_workers"], "top_layer": row["top_layer"],

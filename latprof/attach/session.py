@@ -27,10 +27,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from latprof.capture.writer import CaptureWriter
 from latprof.collectors.attach import pg_activity, procfs, pyspy, sockdiag
+from latprof.collectors.scrape.prometheus import COLLECTOR as ENGINE_COLLECTOR
+from latprof.collectors.scrape.prometheus import EngineScraper
 from latprof.errors import InputError
 from latprof.events import Frame as EventFrame
 from latprof.events import Gauge, QualityRecord, StackSample
@@ -94,6 +96,7 @@ class AttachSession:
         subprocesses: bool = True,
         db: str | None = None,
         on_progress: Callable[[AttachStats], None] | None = None,
+        engine_metrics: Sequence[str] = (),
     ) -> None:
         self.pid = pid
         self.out = out
@@ -106,8 +109,10 @@ class AttachSession:
         self._proc_started = threading.Event()
         #: `--db DSN`: the target's PostgreSQL backends from pg_stat_activity (opened in `run`)
         self.pg = pg_activity.PgActivity(db) if db else None
-        self._header = {"collectors": ["py-spy", "procfs", "sock_diag"] + (["pg_stat_activity"] if db else []),
-                        "target_pid": pid, "rate_hz": rate}  # fmt: skip
+        self._header = {"collectors": ["py-spy", "procfs", "sock_diag"] + (["pg_stat_activity"] if db else [])
+                        + ([ENGINE_COLLECTOR] if engine_metrics else []), "target_pid": pid, "rate_hz": rate}  # fmt: skip
+        #: `--engine-metrics URL`: an inference engine's Prometheus endpoint, scraped each second into the capture
+        self.engines = EngineScraper(engine_metrics, lambda event: None, pid=os.getpid())
         self.writer: Any = None  # opened in `run`, once the target and the database are known to be there
         self.channels = pyspy.WaitChannels(hz=min(rate, 100))
         self.sampler = pyspy.Sampler(pid, self._window, rate=rate, subprocesses=subprocesses, window_s=pyspy.ATTACH_WINDOW_S)
@@ -134,6 +139,8 @@ class AttachSession:
         for pid in self.sampler.processes():
             self.channels.watch(pid)
         self.channels.start()
+        self.engines.emit = self.writer.emit
+        self.engines.start()
         poller = threading.Thread(target=self._poll_proc, name="latprof-procfs", daemon=True)
         poller.start()
         self._proc_started.wait(5)  # the first window's second has an accept-queue reading too
@@ -151,6 +158,8 @@ class AttachSession:
                 self.stats.errors = list(self.sampler.errors)
             for g in self.loops.close():
                 self.writer.emit(g)
+            if self.engines:
+                self.engines.stop()
             now = time.time_ns()
             for message in self.stats.errors:
                 self.writer.emit(QualityRecord(NOTE_WARNING, now, self.pid, message))

@@ -118,6 +118,24 @@ def warmup_option(fn: F) -> F:
     )(fn)
 
 
+def engine_metrics_option(fn: F) -> F:
+    return click.option(
+        "--engine-metrics",
+        "engine_metrics",
+        multiple=True,
+        metavar="URL",
+        help="Also scrape this Prometheus endpoint of a self-hosted inference engine (vLLM, SGLang, TGI, llama.cpp's"
+        " server; e.g. http://127.0.0.1:8000/metrics) once a second into the capture. May be repeated.",
+    )(fn)
+
+
+def check_engine_metrics(urls: tuple[str, ...]) -> list[str]:
+    """The `--engine-metrics` URLs, each checked (one line and exit 2 for a bad one, before anything starts)."""
+    from latprof.collectors.scrape.prometheus import check_url
+
+    return [check_url(url) for url in urls]
+
+
 config_option = click.option(
     "--config", "config_path", type=click.Path(path_type=Path), metavar="FILE",
     help="pyproject.toml ([tool.latprof]) or latprof.toml; default: the nearest one from the working directory.",

@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Callable
 
 import click
 
-from latprof.cli._common import Judging, check_format, config_option, format_option, main, output_option, print_capture_report
+from latprof.cli._common import (
+    Judging,
+    check_engine_metrics,
+    check_format,
+    config_option,
+    engine_metrics_option,
+    format_option,
+    main,
+    output_option,
+    print_capture_report,
+)
 from latprof.errors import CollectorError, ConfigError
 from latprof.semconv import DEFAULT_MAX_RATE
 
@@ -33,13 +43,15 @@ if TYPE_CHECKING:
 @click.option("--max-rate", type=click.FloatRange(min=0), default=DEFAULT_MAX_RATE, show_default=True, metavar="N",
               help="With --inject: record at most about N requests a second per process (0: all), as `latprof run`.")
 @click.option("--allow-other-user", is_flag=True, help="With --inject: inject into a process of another user (as root).")
+@engine_metrics_option
 @format_option
 @output_option("report")
 @config_option
 @click.pass_context
 def attach(ctx: click.Context, pid: int, duration_s: float, rate: int, no_subprocesses: bool, db: str | None, out: Path | None,
-           inject: bool, hooks: str, disable: tuple[str, ...], max_rate: float, allow_other_user: bool, fmt: str,
-           output: Path | None, config_path: Path | None, include_attributes: bool) -> None:  # fmt: skip
+           inject: bool, hooks: str, disable: tuple[str, ...], max_rate: float, allow_other_user: bool,
+           engine_metrics: tuple[str, ...], fmt: str, output: Path | None, config_path: Path | None,
+           include_attributes: bool) -> None:  # fmt: skip
     """Diagnose a running service from outside: sample its threads' stacks (py-spy), wait
     channels, event loops, accept queue and sockets for a while, then name the layer that
     saturates it.
@@ -53,9 +65,10 @@ def attach(ctx: click.Context, pid: int, duration_s: float, rate: int, no_subpro
     import signal
 
     check_format(fmt, include_attributes)
+    engines = check_engine_metrics(engine_metrics)
     if inject:
         _inject(ctx, pid, duration_s, no_subprocesses, db, out, hooks, disable, max_rate, allow_other_user, fmt, output,
-                config_path, include_attributes)  # fmt: skip
+                config_path, include_attributes, engines)  # fmt: skip
         return
     if allow_other_user or hooks != "all" or disable or ctx.get_parameter_source("max_rate") is not click.core.ParameterSource.DEFAULT:
         raise click.UsageError("--hooks, --disable, --max-rate and --allow-other-user apply to --inject only")
@@ -64,7 +77,7 @@ def attach(ctx: click.Context, pid: int, duration_s: float, rate: int, no_subpro
     judging = Judging(config_path)  # a bad config stops here, before sampling starts
     capture = out or Path(time.strftime("latprof-attach-%Y%m%d-%H%M%S.jsonl"))
     session = AttachSession(pid, str(capture), duration_s=duration_s, rate=rate, subprocesses=not no_subprocesses, db=db,
-                            on_progress=_attach_progress(duration_s))  # fmt: skip
+                            on_progress=_attach_progress(duration_s), engine_metrics=engines)  # fmt: skip
     previous = signal.signal(signal.SIGINT, lambda *_: session.stop())
     try:
         stats = session.run()
@@ -86,7 +99,7 @@ def attach(ctx: click.Context, pid: int, duration_s: float, rate: int, no_subpro
 
 def _inject(ctx: click.Context, pid: int, duration_s: float, no_subprocesses: bool, db: str | None, out: Path | None,
             hooks: str, disable: tuple[str, ...], max_rate: float, allow_other_user: bool, fmt: str, output: Path | None,
-            config_path: Path | None, include_attributes: bool) -> None:  # fmt: skip
+            config_path: Path | None, include_attributes: bool, engines: list[str]) -> None:  # fmt: skip
     """`attach --inject`: the hooks in each worker for `duration_s`, then the run-mode report."""
     import signal
 
@@ -105,9 +118,12 @@ def _inject(ctx: click.Context, pid: int, duration_s: float, no_subprocesses: bo
     session = InjectSession(pid, str(capture), duration_s=duration_s, hooks=available_hooks() if wanted == ["all"] else wanted,
                             max_rate=max_rate, allow_other_user=allow_other_user, subprocesses=not no_subprocesses,
                             on_progress=progress)  # fmt: skip
+    from latprof.collectors.scrape.prometheus import scraping_into
+
     previous = signal.signal(signal.SIGINT, lambda *_: session.stop())
     try:
-        results = session.run()
+        with scraping_into(capture, engines, "run"):
+            results = session.run()
     finally:
         signal.signal(signal.SIGINT, previous)
     recorded = [r for r in results if r.outcome == "recorded"]

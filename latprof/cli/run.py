@@ -13,7 +13,9 @@ from latprof.cli._common import (
     KEEP_UNTIL_EXIT,
     Judging,
     check_format,
+    check_engine_metrics,
     config_option,
+    engine_metrics_option,
     format_option,
     given_warmup,
     main,
@@ -57,6 +59,7 @@ from latprof.semconv import DEFAULT_MAX_RATE
     help="Record at most about N requests a second per process; above that a random sample of them,"
     " each weighted by the requests it stands for. 0 records every request.",
 )
+@engine_metrics_option
 @warmup_option
 @config_option
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
@@ -71,6 +74,7 @@ def run(
     disable: tuple[str, ...],
     list_hooks: bool,
     max_rate: float,
+    engine_metrics: tuple[str, ...],
     warmup_s: float,
     config_path: Path | None,
     cmd: tuple[str, ...],
@@ -91,6 +95,7 @@ def run(
         select_hooks,
         writer_statuses,
     )
+    from latprof.collectors.scrape.prometheus import scraping_into
 
     if list_hooks:
         for name, summary in describe_hooks():
@@ -100,12 +105,13 @@ def run(
     if not cmd:
         raise click.UsageError("no command: `latprof run [OPTIONS] -- CMD ARGS...` (or `latprof run --list`)")
     wanted = select_hooks(hooks, disable)
+    engines = check_engine_metrics(engine_metrics)
     judging = Judging(config_path, given_warmup(ctx, warmup_s))  # a bad config stops here, before the service starts
     capture = out or Path(time.strftime("latprof-%Y%m%d-%H%M%S.jsonl"))
     check_capture_path(capture)  # an unwritable --out stops here, before the service starts
     # Each process's writer leaves its totals here on close: what it could not write is known
     # even when the capture is what failed (a full disk).
-    with tempfile.TemporaryDirectory(prefix="latprof-run-") as status_dir:
+    with tempfile.TemporaryDirectory(prefix="latprof-run-") as status_dir, scraping_into(capture, engines, "run"):
         code = run_with_hooks(cmd, capture, hooks=",".join(wanted), max_rate=max_rate, status_dir=Path(status_dir))
         statuses = writer_statuses(Path(status_dir))
     lost = losses(statuses, capture)

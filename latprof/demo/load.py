@@ -39,6 +39,14 @@ def pick_path(path: str, mix: Sequence[tuple[str, float]], draw: float) -> str:
     return path
 
 
+def rate_at(t_s: float, rate_rps: float, steps: Sequence[tuple[float, float]]) -> float:
+    """The arrival rate at second `t_s` of a load that starts at `rate_rps` and changes at each (from, rate) step."""
+    for start_s, rate in steps:
+        if t_s >= start_s:
+            rate_rps = rate
+    return rate_rps
+
+
 async def _drive(
     base_url: str,
     path: str,
@@ -48,6 +56,7 @@ async def _drive(
     progress: TextIO | None,
     timeout_s: float,
     mix: Sequence[tuple[str, float]],
+    steps: Sequence[tuple[float, float]] = (),
 ) -> LoadStats:
     stats = LoadStats()
     rng = random.Random(seed)
@@ -91,7 +100,7 @@ async def _drive(
         next_at = 0.0
         last_shown = -1.0
         while True:
-            next_at += rng.expovariate(rate_rps)
+            next_at += rng.expovariate(rate_at(next_at, rate_rps, steps))
             if next_at >= duration_s:
                 break
             while True:
@@ -125,13 +134,17 @@ def drive(
     progress: TextIO | None = sys.stderr,
     timeout_s: float = 60.0,
     mix: Sequence[tuple[str, float]] = (),
+    steps: Sequence[tuple[float, float]] = (),
 ) -> LoadStats:
     """Send GET `path` at Poisson arrivals of `rate_rps` for `duration_s`; wait for the stragglers.
 
-    `mix`: (path, share) pairs; that share of the requests goes to that path instead.
+    `mix`: (path, share) pairs; that share of the requests goes to that path instead. `steps`:
+    (from second, rate) pairs that change the rate for the rest of the run (`rate_at`).
     """
+    if rate_rps <= 0 or any(rate <= 0 for _, rate in steps):
+        raise ValueError(f"arrival rates must be > 0: {rate_rps} then {list(steps)}")
     if sum(share for _, share in mix) > 1 or any(share < 0 for _, share in mix):
         raise ValueError(f"the shares of a load mix must be >= 0 and sum to at most 1: {list(mix)}")
     return asyncio.run(
-        _drive(base_url, path, rate_rps, duration_s, seed, progress, timeout_s, mix)
+        _drive(base_url, path, rate_rps, duration_s, seed, progress, timeout_s, mix, steps)
     )

@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Sequence, TextIO
 
 import httpx
 
@@ -89,7 +89,7 @@ def duration_from_env(default: float = DEFAULT_DURATION_S) -> float:
 
 
 def run_demo(
-    scenario: str = DEFAULT_SCENARIO,
+    scenario: str | Scenario = DEFAULT_SCENARIO,
     *,
     dsn: str | None = None,
     capture: Path | None = None,
@@ -126,7 +126,7 @@ def run_demo(
         if absent:
             raise ConfigError(f"the demo traced with {traces} needs {', '.join(absent)}: pip install {' '.join(absent)}")
     plainly = attach or inject or traces is not None
-    spec = get_scenario(scenario)
+    spec = scenario if isinstance(scenario, Scenario) else get_scenario(scenario)
     if http not in HTTP_IMPLEMENTATIONS:
         raise ConfigError(f"http={http!r}: choose one of {', '.join(HTTP_IMPLEMENTATIONS)}")
     if loop not in LOOP_IMPLEMENTATIONS:
@@ -167,6 +167,8 @@ def run_demo(
             service_env["LATPROF_DEMO_PROVIDER_CA"] = certificate.ca_file
         with Provider(ProviderConfig(**settings)) as provider:
             port = _free_port()
+            # a provider that runs an engine's scheduler publishes its metrics: latprof scrapes them
+            engines = ["--engine-metrics", provider.metrics_url] if settings.get("engine_max_running") else []
             env = {
                 **os.environ,
                 "LATPROF_DEMO_DSN": url,
@@ -174,6 +176,7 @@ def run_demo(
                 "LATPROF_DEMO_PROVIDER_URL": provider.url,
                 "LATPROF_DEMO_THREADPOOL_TOKENS": str(spec.threadpool_tokens),
                 "LATPROF_DEMO_EXPORT_BLOCK_MS": str(spec.export_block_ms),
+                "LATPROF_DEMO_LLM_MAX_CONNECTIONS": str(spec.llm_max_connections),
                 **service_env,
             }
             service = [
@@ -182,7 +185,7 @@ def run_demo(
                 "--http", http, "--loop", loop,
             ]  # fmt: skip
             cmd = service if plainly else [
-                sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture),
+                sys.executable, "-m", "latprof", "run", "--no-report", "--out", str(capture), *engines,
                 *(["--max-rate", f"{max_rate:g}"] if max_rate is not None else []), "--", *service,
             ]  # fmt: skip
             receiver: subprocess.Popen[bytes] | None = None
@@ -207,9 +210,9 @@ def run_demo(
                     say(
                         f"service up on {base_url} (pid {proc.pid}); {spec.rate_rps:g} requests/s for {seconds:g} s"
                     )
-                    sampler = _start_attach(proc.pid, capture, seconds, workdir, inject) if attach or inject else None
+                    sampler = _start_attach(proc.pid, capture, seconds, workdir, inject, engines) if attach or inject else None
                     if traces is not None:  # before the load: the service sends spans from its first request on
-                        receiver = _start_receive(capture, workdir, receive_port)
+                        receiver = _start_receive(capture, workdir, receive_port, engines)
                     load = drive(
                         base_url,
                         spec.path,
@@ -217,6 +220,7 @@ def run_demo(
                         seconds,
                         progress=progress,
                         mix=spec.mix,
+                        steps=spec.rate_steps,
                     )
                     if sampler is not None:
                         _finish_attach(sampler, workdir)
@@ -236,7 +240,12 @@ def run_demo(
                     f"the demo service wrote no capture (exit {code}): {_tail(log_path)}"
                 )
         say(f"capture written to {capture}; diagnosing")
-        diagnosis = run_diagnosis([capture], warmup_s=None if inject else warmup_s,
+        inputs = [capture]
+        if traces is not None and engines:
+            from latprof.cli.receive import engine_capture_of
+
+            inputs.append(engine_capture_of(capture))
+        diagnosis = run_diagnosis(inputs, warmup_s=None if inject else warmup_s,
                                   source_kind="receive" if traces is not None else None)  # fmt: skip
     return DemoResult(spec, capture, diagnosis, load)
 
@@ -245,12 +254,13 @@ def run_demo(
 ATTACH_START_S = 1.0
 
 
-def _start_attach(pid: int, capture: Path, seconds: float, workdir: Path, inject: bool = False) -> subprocess.Popen[bytes]:
+def _start_attach(pid: int, capture: Path, seconds: float, workdir: Path, inject: bool = False,
+                  engines: Sequence[str] = ()) -> subprocess.Popen[bytes]:  # fmt: skip
     """`latprof attach --pid` (`--inject`) over the load: it samples (records) while the load runs and ends with it."""
     duration = max(1.0, seconds - ATTACH_START_S)
     cmd = [sys.executable, "-m", "latprof", "attach", "--pid", str(pid), "--duration", f"{duration:g}",
            "--out", str(capture), "--format", "json", "--output", str(workdir / "attach-report.json"),
-           *(["--inject"] if inject else [])]  # fmt: skip
+           *(["--inject"] if inject else []), *engines]  # fmt: skip
     with open(workdir / "attach.log", "wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
 
@@ -271,11 +281,11 @@ def _finish(child: subprocess.Popen[bytes], what: str, log: Path, timeout_s: flo
         raise CollectorError(f"{what} exited with {code}: {_tail(log)}")
 
 
-def _start_receive(capture: Path, workdir: Path, port: int) -> subprocess.Popen[bytes]:
+def _start_receive(capture: Path, workdir: Path, port: int, engines: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """`latprof receive` on loopback `port`, writing what the traced service sends to `capture`;
     returned once it accepts connections."""
     cmd = [sys.executable, "-m", "latprof", "receive", "--listen", f"127.0.0.1:{port}", "--out", str(capture),
-           "--format", "json", "--output", str(workdir / "receive-report.json")]  # fmt: skip
+           "--format", "json", "--output", str(workdir / "receive-report.json"), *engines]  # fmt: skip
     with open(workdir / "receive.log", "wb") as log:
         receiver = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT_S

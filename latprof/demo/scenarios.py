@@ -38,6 +38,11 @@ class Scenario:
     expected_finding: str | None = None
     #: The provider serves HTTPS with a certificate of a CA made for the run, which the service trusts.
     tls: bool = False
+    #: The most connections the service's shared LLM client opens (httpx `max_connections`; 0: httpx's default).
+    llm_max_connections: int = 0
+    #: Changes of the arrival rate: (from second, requests per second) pairs, in time order; before the
+    #: first, `rate_rps`.
+    rate_steps: tuple[tuple[float, float], ...] = ()
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -176,6 +181,21 @@ SCENARIOS: dict[str, Scenario] = {
             pool_size=10,
             path="/agent",
             expected_finding="context-growth",
+        ),
+        Scenario(
+            name="engine-queueing",
+            summary=(
+                "A self-hosted engine (the provider runs vLLM's scheduler and publishes vLLM's metrics) batches"
+                " at most 2 requests; at 12 requests/s bursts of arrivals wait in its queue while the batch"
+                " stays full: the engine's queue owns the tail, not the model"
+            ),
+            expected_layer="provider",
+            rate_rps=12.0,
+            provider={"ttft_ms": 0.0, "output_tokens": 8, "engine_max_running": 2, "engine_step_ms": 15.0,
+                      "engine_step_ms_per_running": 1.0, "engine_prefill_ms_per_1k_tokens": 20.0},  # fmt: skip
+            pool_size=10,
+            path="/chat-released",
+            expected_finding="engine-queueing",
         ),
     )
 }

@@ -8,6 +8,7 @@ Configured by environment variables (set by `latprof.demo.run`):
 - LATPROF_DEMO_PROVIDER_CA: a CA certificate (PEM) to trust when the provider serves HTTPS;
 - LATPROF_DEMO_THREADPOOL_TOKENS: worker threads of anyio's default limiter (sync endpoints);
 - LATPROF_DEMO_EXPORT_BLOCK_MS: how long `/export` blocks the event loop;
+- LATPROF_DEMO_LLM_MAX_CONNECTIONS: the most connections the shared async LLM client opens (0: httpx's default);
 - LATPROF_DEMO_TRACES: traced with stock OpenTelemetry (and a GenAI instrumentation) instead of
   latprof's hooks (`latprof.demo.otel`), for `latprof demo --traces`.
 
@@ -34,6 +35,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio.to_thread
+import httpx
 import openai
 from fastapi import FastAPI
 from openai.types.chat import ChatCompletionMessageParam
@@ -65,9 +67,14 @@ sync_engine = create_engine(
 )
 PROVIDER_CA = os.environ.get("LATPROF_DEMO_PROVIDER_CA", "")
 _verify: Any = ssl.create_default_context(cafile=PROVIDER_CA) if PROVIDER_CA else True
+LLM_MAX_CONNECTIONS = int(os.environ.get("LATPROF_DEMO_LLM_MAX_CONNECTIONS", "0"))
+_limits: dict[str, Any] = (
+    {"limits": httpx.Limits(max_connections=LLM_MAX_CONNECTIONS, max_keepalive_connections=LLM_MAX_CONNECTIONS)}
+    if LLM_MAX_CONNECTIONS else {}
+)
 llm = openai.AsyncOpenAI(
     base_url=PROVIDER_URL, api_key="latprof-demo", max_retries=0, timeout=60,
-    http_client=openai.DefaultAsyncHttpxClient(verify=_verify),
+    http_client=openai.DefaultAsyncHttpxClient(verify=_verify, **_limits),
 )
 sync_llm = openai.OpenAI(
     base_url=PROVIDER_URL, api_key="latprof-demo", max_retries=0, timeout=60,

@@ -6,13 +6,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from latprof.analysis.engine import collection_engines
 from latprof.analysis.explain import Explanation
 from latprof.analysis.requests import NS_PER_S, Analysis, LayerStats
 from latprof.analysis.timeline import Timeline
 from latprof.engine import Finding
 from latprof.layers import LAYERS
 from latprof.report.verdict import Verdict, decide_verdict
-from latprof.semconv import NOTE_INJECTED, NOTE_OVERHEAD, OVERHEAD_SOURCE, OVERHEAD_SOURCE_HOOKS
+from latprof.semconv import ENGINE_SCRAPER, NOTE_INJECTED, NOTE_OVERHEAD, OVERHEAD_SOURCE, OVERHEAD_SOURCE_HOOKS
 
 if TYPE_CHECKING:
     from latprof.report.pictures import Pictures
@@ -207,7 +208,8 @@ def build_report(analysis: Analysis, findings: Sequence[Finding], explained: lis
     timeline = analysis.timeline
     requests = analysis.requests
     pids = sorted(
-        {rt.request.pid for rt in timeline.requests} | {h["pid"] for h in timeline.headers if isinstance(h.get("pid"), int)}
+        {rt.request.pid for rt in timeline.requests}
+        | {h["pid"] for h in timeline.headers if isinstance(h.get("pid"), int) and h.get("role") != ENGINE_SCRAPER}
     )
     lat = analysis.latency
     window = {
@@ -230,6 +232,9 @@ def build_report(analysis: Analysis, findings: Sequence[Finding], explained: lis
     injected = injected_processes(timeline)
     if injected:
         collection["injected"] = injected
+    engines = collection_engines(analysis)
+    if engines:
+        collection["engines"] = engines
     size = None
     if len(analysis.windows) >= 1:
         size = analysis.windows[0].end_unix_s - analysis.windows[0].start_unix_s

@@ -90,10 +90,10 @@ def gunicorn(port: int, *args: str) -> list[str]:
             "--log-level", "warning"]  # fmt: skip
 
 
-def attach_cli(pid: int, tmp_path: Path, duration_s: float) -> subprocess.CompletedProcess[str]:
-    """`latprof attach --pid PID --duration S --format json`, its capture in `tmp_path`."""
+def attach_cli(pid: int, tmp_path: Path, duration_s: float, *args: str) -> subprocess.CompletedProcess[str]:
+    """`latprof attach --pid PID --duration S --format json ARGS...`, its capture in `tmp_path`."""
     return subprocess.run([sys.executable, "-m", "latprof", "attach", "--pid", str(pid), "--duration", f"{duration_s:g}",
-                           "--format", "json", "--out", str(tmp_path / "c.jsonl")],
+                           "--format", "json", "--out", str(tmp_path / "c.jsonl"), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
 
 

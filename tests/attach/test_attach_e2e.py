@@ -194,6 +194,25 @@ def test_a_target_that_exits_during_the_capture_still_gets_a_report_that_says_so
     assert [r["layer"] for r in report["layers"]][:1] == ["app"]
 
 
+def test_engine_metrics_are_scraped_beside_the_samples(tmp_path):
+    """`--engine-metrics`: the engine's gauges go into the attach capture, and the report says what was scraped."""
+    from latprof.capture.reader import read_captures
+    from latprof.demo.provider import Provider
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True:\n    time.sleep(0.01)\n"])
+    try:
+        with Provider(ttft_ms=0, engine_max_running=2) as provider:
+            out = attach_cli(proc.pid, tmp_path, 3, "--engine-metrics", provider.metrics_url)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.returncode == 0, out.stderr
+    [engine] = json.loads(out.stdout)["collection"]["engines"]
+    assert engine["engine"] == "vllm" and engine["scrapes"] >= 2 and not engine["failed"], engine
+    gauges = read_captures([tmp_path / "c.jsonl"]).gauges
+    assert len([g for g in gauges if g.name == "engine.requests.running"]) >= 2
+
+
 def test_py_spy_missing_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

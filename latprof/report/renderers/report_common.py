@@ -72,6 +72,31 @@ def injected_line(process: dict[str, Any]) -> str:
     return line
 
 
+def engine_lines(engine: dict[str, Any]) -> list[str]:
+    """What one `--engine-metrics` endpoint showed: the engine and its scrapes, then per instance the
+    tail's and the median's time inside it (inferred: lined up by time, not per request)."""
+    title = engine.get("title") or engine.get("engine") or "no known engine"
+    line = f"engine metrics: {title} at {engine.get('endpoint')}"
+    if engine.get("scrapes") is not None:
+        line += f", {engine['scrapes']} scrapes" + (f" ({engine['failed']} failed)" if engine.get("failed") else "")
+    lines = [line]
+    for split in engine.get("split") or []:
+        parts = []
+        for cohort in ("tail", "median"):
+            numbers = split.get(cohort) or {}
+            if not numbers.get("calls"):
+                continue
+            stages = ", ".join(f"{stage} {numbers[f'{stage}_ms']:.0f} ms" for stage in ("queue", "prefill", "decode")
+                               if numbers.get(f"{stage}_ms") is not None)  # fmt: skip
+            waiting = numbers.get("waiting")
+            parts.append(f"{cohort}'s calls: " + (stages or "no stage timings")
+                         + (f", {waiting:.1f} waiting" if waiting is not None else ""))  # fmt: skip
+        if parts:
+            model = f" {split['model']}" if split.get("model") else ""
+            lines.append(f"  inside the engine{model} (inferred): " + "; ".join(parts))
+    return lines
+
+
 def gap_place(gap: Gap) -> str:
     """Where a request's longest gap sits: "inside X, after Y, before Z"."""
     return f"inside {gap.inside}" + (f", after {gap.after}" if gap.after else "") + (f", before {gap.before}" if gap.before else "")

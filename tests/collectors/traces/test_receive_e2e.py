@@ -137,8 +137,8 @@ def post(port: int, body: bytes | None, content_type: str | None = PROTOBUF, *, 
         conn.close()
 
 
-def analyze(path: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "latprof", "analyze", "--format", "json", str(path)], cwd=ROOT,
+def analyze(*paths: Path) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "latprof", "analyze", "--format", "json", *map(str, paths)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout))
@@ -233,6 +233,27 @@ def test_the_file_export_posted_as_json_bodies_for_a_duration_gets_the_same_repo
     assert report["source"]["kind"] == "receive" and verdict(report) == verdict(expected) == POOL_VERDICT
     assert report["layers"] == expected["layers"] and report["window"] == expected["window"]
     assert len(read_otlp_json(receiver.out).spans) == len(read_otlp_json(source).spans)
+
+
+def test_engine_metrics_go_to_a_capture_beside_the_traces_and_into_the_report(
+    tmp_path: Path, receive: Any, recording: Callable[..., Path]
+) -> None:
+    from latprof.demo.provider import Provider
+
+    source = recording("pool_held", "sqlalchemy")
+    with Provider(ttft_ms=0, engine_max_running=2) as provider:
+        receiver = receive("--duration", "4", "--engine-metrics", provider.metrics_url)
+        for line in (line for line in source.read_bytes().splitlines() if line.strip()):
+            assert post(receiver.port, line, JSON)[0] == 200
+        code, stdout, stderr = receiver.wait()
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert verdict(report) == POOL_VERDICT  # the traces' verdict, unchanged
+    [engine] = report["collection"]["engines"]
+    assert engine["engine"] == "vllm" and engine["scrapes"] >= 3 and not engine["failed"], engine
+    beside = receiver.out.with_name("received.engine.jsonl")
+    assert beside.exists() and f"{receiver.out} {beside}" in stderr  # how to see the report again names both
+    assert analyze(receiver.out, beside)["collection"]["engines"][0]["scrapes"] == engine["scrapes"]
 
 
 def test_the_file_export_as_a_protobuf_stream_gets_the_same_verdict(tmp_path: Path, recording: Callable[..., Path]) -> None:

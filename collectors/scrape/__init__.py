@@ -1,0 +1,1 @@
+"""Collectors that scrape an endpoint: the Prometheus metrics of self-hosted inference engines (`--engine-metrics`)."""
