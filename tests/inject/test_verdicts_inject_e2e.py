@@ -27,7 +27,10 @@ RUN_SAYS = {
     "blocking-call": ("event_loop", "event-loop-blocked", "event-loop-blocked"),
     "growing-context": ("provider", "context-growth", "context-growth"),
     "network-bound": ("provider", "connection-setup", "connection-setup"),
+    "engine-queueing": ("provider", "engine-queueing", "engine-queueing"),
 }
+#: Verdicts whose rule is inferred (report-v1): no more confident than its finding.
+INFERRED_RULES = {"engine-queueing"}
 
 
 def test_every_demo_scenario_is_covered() -> None:
@@ -47,7 +50,7 @@ def test_inject_gives_the_verdict_run_gives(tmp_path: Path, scenario: str) -> No
     assert report.window["requests"] >= 40, report.window
     assert (verdict.layer, verdict.rule) == (layer, rule), verdict
     if layer is not None:
-        assert verdict.confidence >= 0.8, verdict
+        assert verdict.confidence >= (0.5 if rule in INFERRED_RULES else 0.8), verdict
     rules = {f.rule for f in report.findings}
     if finding is not None:
         assert finding in rules, rules
