@@ -39,6 +39,12 @@ def test_hook_benchmarks_run(tmp_path):
 
 
 @pytest.mark.slow
+def test_engine_scrape_benchmark_runs(tmp_path):
+    out = bench(tmp_path, "bench_engine_scrape", "--scrapes", "3", "--trials", "1")
+    assert "vllm-v1.prom" in out and "demo engine over HTTP" in out and " 0 failed" in out, out
+
+
+@pytest.mark.slow
 def test_analyze_benchmarks_run(tmp_path):
     out = bench(tmp_path, "bench_analyze", "--requests", "2000", "--rounds", "1", "--capture", str(tmp_path / "c.jsonl"))
     assert "median round" in out
