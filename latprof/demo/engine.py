@@ -149,6 +149,7 @@ class Engine:
         self.waiting: deque[EngineRequest] = deque()
         self.preemptions = 0
         self.steps = 0
+        self.crashes = 0  # steps that raised (their requests were aborted)
         self._wake = asyncio.Event()
         self._metrics, self.metrics_unavailable = _metrics_or_reason()
         self._exposed: dict[str, str] = {}
@@ -215,9 +216,14 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            prefill = self.schedule(loop.time())
-            await asyncio.sleep(self.step_seconds(prefill))
-            self.finish_step(loop.time())
+            try:
+                prefill = self.schedule(loop.time())
+                await asyncio.sleep(self.step_seconds(prefill))
+                self.finish_step(loop.time())
+            except Exception:  # a bug here must not leave every client waiting forever: abort what is in flight
+                self.crashes += 1
+                for request in (*self.running, *self.waiting):
+                    self.abort(request)
 
     def step_seconds(self, prefill_tokens: int) -> float:
         """How long the next step takes with the running batch as it is and `prefill_tokens` to prefill."""
