@@ -586,11 +586,16 @@ def report_from_dict(data: Mapping[str, Any]) -> Report:
         ],
         collection=dict(data.get("collection") or {}),
         p99_over_time=[
-            WindowRow(float(w["start_unix_s"]), w.get("requests"), _opt_float(w.get("p99_ms")))
+            WindowRow(float(w["start_unix_s"]), w.get("requests"), _opt_float(w.get("p99_ms")),
+                      {k: v for k, v in w.items() if k not in _WINDOW_KEYS} or None)  # fmt: skip
             for w in over_time.get("windows") or []
         ],
         window_s=_opt_float(over_time.get("window_s")),
     )
+
+
+#: A `p99_over_time` window's own keys; the others are its `WindowRow.extra`.
+_WINDOW_KEYS = ("start_unix_s", "requests", "p99_ms")
 
 
 def _opt_float(value: Any) -> float | None:

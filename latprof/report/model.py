@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from latprof.analysis.capacity import window_loads
 from latprof.analysis.engine import collection_engines
 from latprof.analysis.explain import Explanation
 from latprof.analysis.requests import NS_PER_S, Analysis, LayerStats
@@ -253,8 +254,9 @@ def build_report(analysis: Analysis, findings: Sequence[Finding], explained: lis
         findings=list(findings),
         collection=collection,
         p99_over_time=[
-            WindowRow(w.start_unix_s, w.requests, None if w.p99_ms is None else round(w.p99_ms, 3))
-            for w in analysis.windows
+            WindowRow(w.start_unix_s, w.requests, None if w.p99_ms is None else round(w.p99_ms, 3),
+                      {"arrivals": load.arrivals, "completions": load.completions, "in_flight": load.in_flight_end})
+            for w, load in zip(analysis.windows, window_loads(analysis))
         ],
         window_s=size,
         requests=explained,
