@@ -264,9 +264,11 @@ def configured(rule_classes: Sequence[type[Rule]], settings: Mapping[str, Any]) 
 
 def run_rules(analysis: Analysis | AttachAnalysis, rules: Sequence[Rule]) -> list[Finding]:
     """Run each rule on a request analysis (`check`) or a sample analysis (`judge_samples`); a rule
-    that raises becomes a finding of its own. Sorted by impact, largest first."""
+    that raises becomes a finding of its own. Sorted by impact, largest first; of equal impact, the
+    findings of rules whose own layer is the finding's first, then by rule id."""
     findings: list[Finding] = []
     requests = isinstance(analysis, Analysis)
+    own_layer = {rule.id: rule.layer for rule in rules}
     for rule in rules:
         if ("requests" if requests else "samples") not in rule.judges():
             continue
@@ -291,7 +293,9 @@ def run_rules(analysis: Analysis | AttachAnalysis, rules: Sequence[Rule]) -> lis
                     fingerprint=fingerprint(rule.id, None, "crash"),
                 )
             )
-    findings.sort(key=lambda f: (-f.impact_ms, f.rule, f.fingerprint))
+    # Of equal impact, a rule made for the finding's layer first: it names the mechanism (a pool held
+    # across the LLM call), a rule that judges any layer (capacity-exceeded) the circumstance.
+    findings.sort(key=lambda f: (-f.impact_ms, own_layer.get(f.rule) != f.layer, f.rule, f.fingerprint))
     return findings
 
 

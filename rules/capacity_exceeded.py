@@ -64,7 +64,7 @@ class Thresholds:
     #: ... arrivals/s at least this many times completions/s across the stretch ...
     min_arrival_over_completion_ratio: float = 1.2
     #: ... over at least this many windows of `p99_over_time` ...
-    min_stretch_windows: int = 2
+    min_stretch_windows: int = 3
     #: ... in at least this share of which more arrived than completed.
     min_growing_window_share: float = 0.6
     #: ... and no one window of which made more than this share of the rise (a burst is not steady growth).
