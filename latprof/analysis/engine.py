@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from latprof.analysis.genai import model_of
+from latprof.collectors.scrape.engines import ENGINES
 from latprof.analysis.requests import Analysis
 from latprof.analysis.timeline import gauge_instances, time_weighted_mean
 from latprof.events import Gauge
@@ -40,8 +41,8 @@ from latprof.semconv import (
 )
 
 NS_PER_S = 1_000_000_000
-#: How an engine (`latprof.engine` of its gauges) is named in a sentence.
-ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tgi": "TGI", "llamacpp": "llama.cpp"}
+#: How an engine (`latprof.engine` of its gauges) is named in a sentence: the scraper's tables' titles.
+ENGINE_TITLES = {engine.name: engine.title for engine in ENGINES}
 #: What the split says it was read from (evidence `inferred_from`).
 INFERRED_FROM = (
     "the engine's Prometheus metrics, lined up with the LLM calls by time: its gauges during each call's time to"
