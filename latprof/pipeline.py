@@ -11,7 +11,8 @@ from latprof.analysis.explain import Explanation, explain_requests
 from latprof.analysis.requests import DEFAULT_MIN_TAIL_EXCESS_MS, DEFAULT_WARMUP_S, MIN_REQUESTS_FOR_VERDICT, Analysis, analyze
 from latprof.capture.files import gc_paused
 from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
-from latprof.capture.reader import read_captures
+from latprof.analysis.cohort_first import DEFAULT_SAMPLE_REQUESTS, MAX_READ_SHARE, Pick, analyze_picked, pick
+from latprof.capture.reader import read_captures, read_deferred_segments
 from latprof.ci.config import Config
 from latprof.engine import Finding, Rule, all_rules, configured, run_rules
 from latprof.analysis.span_inference import infer_from_spans
@@ -51,6 +52,9 @@ def run_diagnosis(
     source_kind: str | None = None,
     min_tail_excess_ms: float = DEFAULT_MIN_TAIL_EXCESS_MS,
     trace_id: str | None = None,
+    exact: bool = False,
+    sample_requests: int = DEFAULT_SAMPLE_REQUESTS,
+    max_read_share: float = MAX_READ_SHARE,
 ) -> Diagnosis:
     """Read the captures (or trace files) at `paths`, analyse them and run the rules: on the
     request analysis, or on the sample analysis of an attach capture (`Rule.judge_samples`).
@@ -63,13 +67,31 @@ def run_diagnosis(
     (`attach --inject`), else `DEFAULT_WARMUP_S`. `trace_id` keeps the requests of that one
     trace (nothing is warm-up then); with it, or with fewer requests than a verdict needs, the
     report explains each request (`latprof.analysis.explain`).
+
+    A large capture is analysed cohort-first (`latprof.analysis.cohort_first`): every
+    request's latency, then the segments of the cohorts, of each window's tail and of a sample of
+    about `sample_requests` others; `exact` reads every segment (trace files always are).
+    `max_read_share` is the share of requests above which every segment is read anyway.
     """
     if source_kind is not None and source_kind not in SOURCE_KINDS:
         raise ValueError(f"source_kind must be one of {SOURCE_KINDS}, not {source_kind!r}")
     with gc_paused(freeze=True):
-        timeline = build_timeline(read_captures(paths))
+        data = read_captures(paths, defer_segments=not exact and trace_id is None)
+        timeline = build_timeline(data)
         if source_kind is not None:
             timeline.source_kind = source_kind
+        if trace_id is not None:
+            warmup_s = 0.0
+        if warmup_s is None:
+            warmup_s = 0.0 if timeline.method == "inject" else DEFAULT_WARMUP_S
+        chosen: Pick | None = None
+        if data.deferred_segments:  # the first pass of a cohort-first read: pick what to read of the segments
+            if timeline.source_kind not in TRACE_SOURCES and timeline.source_kind != "attach":
+                chosen = pick(timeline, warmup_s, sample_requests=sample_requests, max_read_share=max_read_share)
+            read_deferred_segments(data, None if chosen is None else chosen.wanted_ids(timeline))
+            timeline = build_timeline(data)
+            if source_kind is not None:
+                timeline.source_kind = source_kind
         if timeline.source_kind == "attach" and all(RECONSTRUCTED in rt.request.attrs for rt in timeline.requests):
             # stack samples, and the requests reconstructed from them
             from latprof.attach.analysis import analyze_attach, build_attach_report, judge
@@ -77,15 +99,15 @@ def run_diagnosis(
             samples = analyze_attach(timeline)
             found = judge(samples, default_rules() if rules is None else rules)
             return Diagnosis(None, found, build_attach_report(samples, found), samples)
-        if trace_id is not None:
-            warmup_s = 0.0
-        if warmup_s is None:
-            warmup_s = 0.0 if timeline.method == "inject" else DEFAULT_WARMUP_S
         if timeline.source_kind in TRACE_SOURCES:
             timeline = infer_from_spans(timeline, warmup_s)
         if trace_id is not None:
             timeline = select_trace(timeline, trace_id)
-        analysis = analyze(timeline, warmup_s=warmup_s, min_tail_excess_ms=min_tail_excess_ms)
+        if chosen is not None:
+            skipped = len(timeline.requests) - len(chosen.kept)
+            analysis = analyze_picked(timeline, chosen, warmup_skipped=skipped, min_tail_excess_ms=min_tail_excess_ms)
+        else:
+            analysis = analyze(timeline, warmup_s=warmup_s, min_tail_excess_ms=min_tail_excess_ms)
         findings = run_rules(analysis, default_rules() if rules is None else rules)
         explained = explain(analysis) if trace_id is not None or len(timeline.requests) < MIN_REQUESTS_FOR_VERDICT else None
         return Diagnosis(analysis, findings, build_report(analysis, findings, explained))
@@ -129,6 +151,8 @@ def run_configured(
     warmup_s: float | None = None,
     source_kind: str | None = None,
     trace_id: str | None = None,
+    exact: bool = False,
+    sample_requests: int | None = None,
 ) -> Diagnosis:
     """`run_diagnosis` as the config says: its enabled rules with their thresholds, its
     `min_tail_excess_ms`, and its `skip_warmup_s` unless `warmup_s` is given (else the source's default)."""
@@ -136,7 +160,8 @@ def run_configured(
         warmup_s = config.skip_warmup_s  # None: the source's default
     floor = config.min_tail_excess_ms if config.min_tail_excess_ms is not None else DEFAULT_MIN_TAIL_EXCESS_MS
     return run_diagnosis(paths, warmup_s=warmup_s, rules=configured(rule_classes, config.rules), min_tail_excess_ms=floor,
-                         source_kind=source_kind, trace_id=trace_id)  # fmt: skip
+                         source_kind=source_kind, trace_id=trace_id, exact=exact,
+                         sample_requests=DEFAULT_SAMPLE_REQUESTS if sample_requests is None else sample_requests)  # fmt: skip
 
 
 def diagnose(

@@ -13,7 +13,7 @@ from latprof.analysis.capacity import (
     WindowLoad,
     arrived_between,
     layer_means_ms,
-    mean_latency_ms,
+    arrivals_between,
     steady_growth_stretches,
     tail_start,
     window_loads,
@@ -192,7 +192,7 @@ class CapacityExceeded(Rule):
         stretch_count: int,
     ) -> Finding:
         s = judged.stretch
-        origin_s = min(rt.request.start_ns for rt in analysis.requests) / 1e9
+        origin_s = (analysis.window_ns or (0, 0))[0] / 1e9
         start_off, end_off = max(0.0, s.start_unix_s - origin_s), max(0.0, s.end_unix_s - origin_s)
         began = tail_start(analysis)
         shown = loads[max(0, s.first - 1) : _window_index(loads, s.drain_end_unix_s) + 1]
@@ -201,6 +201,7 @@ class CapacityExceeded(Rule):
         climbed = next((w for w in shown if w.p99_ms is not None and w.p99_ms >= TAIL_RATIO * p50), None)
         examples = sorted(dict.fromkeys(judged.tail_in), key=lambda i: -analysis.latencies_ms[i])[:3]
         impact = analysis.layers[layer].tail_excess_ms * judged.share
+        stretch_requests, stretch_mean_ms = arrivals_between(analysis, s.start_unix_s, s.end_unix_s)
         evidence: dict[str, object] = {
             "computed_from": "request arrival and end times",
             "stretch_start_unix_s": s.start_unix_s,
@@ -229,8 +230,8 @@ class CapacityExceeded(Rule):
             "p99_climbed_unix_s": None if climbed is None else climbed.start_unix_s,
             "share_of_tail_in_stretch": round(judged.share, 4),
             "tail_concentration_ratio": None if math.isinf(judged.concentration) else round(judged.concentration, 3),
-            "stretch_requests": sum(analysis.weight(i) for i in arrived),
-            "stretch_mean_latency_ms": round(mean_latency_ms(analysis, arrived), 3),
+            "stretch_requests": stretch_requests,
+            "stretch_mean_latency_ms": round(stretch_mean_ms, 3),
             "median_latency_ms": round(analysis.median_latency_ms, 3),
             "stretch_layer_excess_ms": round(layer_excess, 3),
             "growth_stretches": stretch_count,
@@ -265,8 +266,7 @@ def _judge(analysis: Analysis, stretch: GrowthStretch) -> _Judged:
     tail = list(analysis.groups.tail)
     tail_in = arrived_between(analysis, tail, stretch.start_unix_s, stretch.drain_end_unix_s)
     share = len(tail_in) / len(tail) if tail else 0.0
-    everyone = range(len(analysis.requests))
-    inside = sum(analysis.weight(i) for i in arrived_between(analysis, everyone, stretch.start_unix_s, stretch.drain_end_unix_s))
+    inside, _ = arrivals_between(analysis, stretch.start_unix_s, stretch.drain_end_unix_s)
     outside = analysis.represented - inside
     tail_out = len(tail) - len(tail_in)
     if not inside or not tail_in:

@@ -212,8 +212,7 @@ def _in_traffic(analysis: Analysis, events: Iterable[_Timed]) -> list[_Timed]:
     if not analysis.requests or not events:  # (no events: the requests need not be read)
         return events
     spans: dict[int, tuple[int, int]] = {}
-    for rt in analysis.requests:
-        pid, start, end = rt.request.pid, rt.request.start_ns, rt.request.end_ns
+    for start, end, pid, _ in analysis.arrivals():
         lo, hi = spans.get(pid, (start, end))
         spans[pid] = (min(lo, start), max(hi, end))
     everywhere = (min(lo for lo, _ in spans.values()), max(hi for _, hi in spans.values()))

@@ -222,9 +222,10 @@ def _peak_in_flight(analysis: Analysis) -> int:
     ended; the peak is always at some arrival, so checking arrivals is enough. A sampled
     request counts as the requests it stands for (an estimate, then).
     """
-    if analysis.weights is None:
-        starts = sorted(rt.request.start_ns for rt in analysis.requests)
-        ends = sorted(rt.request.end_ns for rt in analysis.requests)
+    times = analysis.arrivals()  # every analysed request, also those a cohort-first analysis did not read
+    if all(w == 1 for *_, w in times):
+        starts = sorted(t[0] for t in times)
+        ends = sorted(t[1] for t in times)
         peak = 0
         for n_started, start in enumerate(starts, 1):
             # A request that ended exactly as another arrived is no longer in flight.
@@ -233,10 +234,9 @@ def _peak_in_flight(analysis: Analysis) -> int:
         return peak
     # Weighted sweep: at equal times an end comes before an arrival (as bisect_right above).
     changes = []
-    for i, rt in enumerate(analysis.requests):
-        w = analysis.weight(i)
-        changes.append((rt.request.start_ns, 1, w))
-        changes.append((rt.request.end_ns, 0, -w))
+    for start_ns, end_ns, _, w in times:
+        changes.append((start_ns, 1, w))
+        changes.append((end_ns, 0, -w))
     changes.sort()
     peak = level = 0
     for _, _, delta in changes:

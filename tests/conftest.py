@@ -58,6 +58,74 @@ def _every_printed_report_matches_the_schema():
     subprocess.run = run  # type: ignore[assignment]
 
 
+#: Requests outside the cohorts a forced cohort-first analysis reads in `_cohort_first_says_what_the_full_analysis_says`:
+#: few, so that most of a test's capture is left unread and the comparison means something.
+COMPARED_SAMPLE_REQUESTS = 20
+
+
+def cohort_first_differences(full, forced) -> list[str]:  # type: ignore[no-untyped-def]
+    """What a cohort-first report (`forced`) says differently from the full analysis's (`full`) of the
+    same capture: the verdict, the rules that fired, and every number the tail rests on - latency,
+    window, p99 over time, each layer's tail excess and share of it. Layer p50/p99 are estimated:
+    not compared (nor whether a layer with no time in any cohort has a row)."""
+    a, b = full.to_dict(), forced.to_dict()
+    out = []
+    for key in ("latency_ms", "window", "source"):
+        if a[key] != b[key]:
+            out.append(f"{key}: {a[key]} != {b[key]}")
+    va, vb = a["verdict"] or {}, b["verdict"] or {}
+    for key in ("layer", "rule", "status", "share_of_tail_excess"):
+        if va.get(key) != vb.get(key):
+            out.append(f"verdict.{key}: {va.get(key)!r} != {vb.get(key)!r}")
+    if sorted(f["rule"] for f in a["findings"]) != sorted(f["rule"] for f in b["findings"]):
+        out.append(f"findings: {sorted(f['rule'] for f in a['findings'])} != {sorted(f['rule'] for f in b['findings'])}")
+    # a layer with no time in any cohort (a row only because some request outside them had some) may be
+    # missing from the sample: its row is an estimate, its tail numbers (0) are not
+    tail_a = {row["layer"]: (row["tail_excess_ms"], row["share_of_tail_excess"]) for row in a["layers"]}
+    tail_b = {row["layer"]: (row["tail_excess_ms"], row["share_of_tail_excess"]) for row in b["layers"]}
+    tail_a, tail_b = ({k: v for k, v in tail.items() if v != (0.0, 0.0)} for tail in (tail_a, tail_b))
+    if tail_a != tail_b:
+        out.append(f"layers' tail excess: {tail_a} != {tail_b}")
+    if a.get("p99_over_time") != b.get("p99_over_time"):
+        out.append("p99_over_time differs (requests, p99, arrivals, completions or in flight of a window)")
+    return out
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cohort_first_says_what_the_full_analysis_says():
+    """Every capture a test diagnoses in-process (`latprof.pipeline.run_diagnosis`: analyze, check,
+    diff, the demo, the rules' end-to-end tests with real services) is diagnosed a second time
+    cohort-first, reading the segments of the cohorts, the windows' tails and only
+    `COMPARED_SAMPLE_REQUESTS` others, and must give the same verdict, rules and tail numbers
+    (`cohort_first_differences`). Trace files and attach captures are read whole: not compared."""
+    import latprof.demo.run as demo_run
+    import latprof.pipeline as pipeline
+    from latprof.analysis.requests import MIN_REQUESTS_FOR_VERDICT
+
+    original = pipeline.run_diagnosis
+
+    def compared(paths, **kwargs):  # type: ignore[no-untyped-def]
+        paths = list(paths)
+        full = original(paths, **kwargs)
+        analysis = full.analysis
+        if (kwargs.get("exact") or kwargs.get("trace_id") or analysis is None or analysis.population is not None
+                or len(analysis.requests) < MIN_REQUESTS_FOR_VERDICT):  # fmt: skip
+            return full
+        forced = original(paths, **{**kwargs, "sample_requests": COMPARED_SAMPLE_REQUESTS, "max_read_share": 1.0})
+        if forced.analysis is not None and forced.analysis.population is not None:
+            problems = cohort_first_differences(full.report, forced.report)
+            if problems:
+                pytest.fail(f"a cohort-first analysis of {[str(p) for p in paths]} differs from the full one:\n  "
+                            + "\n  ".join(problems))  # fmt: skip
+        return full
+
+    pipeline.run_diagnosis = compared  # type: ignore[assignment]
+    demo_run.run_diagnosis = compared  # type: ignore[attr-defined]
+    yield
+    pipeline.run_diagnosis = original  # type: ignore[assignment]
+    demo_run.run_diagnosis = original  # type: ignore[attr-defined]
+
+
 def pytest_sessionfinish(session, exitstatus):
     """With LATPROF_FORBID_SKIPS=1 (CI's per-version sessions) a skipped test fails the run."""
     import os

@@ -142,8 +142,9 @@ def _ns(unix_s: float) -> int:
 def window_loads(analysis: Analysis, windows: Sequence[Window] | None = None) -> list[WindowLoad]:
     """Arrivals, completions and requests in flight of each window of `analysis.windows` (or `windows`).
 
-    Contract: one `WindowLoad` per window, in order; counts are of the analysed requests,
-    weighted by `analysis.weight(i)`; a request that ends after the last window's end is in
+    Contract: one `WindowLoad` per window, in order; counts are of the analysed requests
+    (`Analysis.arrivals`: all of them, exactly, also in a cohort-first analysis), each as the
+    requests its sample weight stands for; a request that ends after the last window's end is in
     flight at its end and completes in no window.
     """
     wins = analysis.windows if windows is None else windows
@@ -151,13 +152,14 @@ def window_loads(analysis: Analysis, windows: Sequence[Window] | None = None) ->
         return []
     start_cum: Sequence[int]
     end_cum: Sequence[int]
-    if analysis.weights is None:  # every request counts once: plain sorted times (a million in well under a second)
-        start_keys = sorted([rt.request.start_ns for rt in analysis.requests])
-        end_keys = sorted([rt.request.end_ns for rt in analysis.requests])
+    times = analysis.arrivals()  # every analysed request, also those a cohort-first analysis did not read
+    if all(w == 1 for *_, w in times):  # every request counts once: plain sorted times (a million in well under a second)
+        start_keys = sorted([t[0] for t in times])
+        end_keys = sorted([t[1] for t in times])
         start_cum = end_cum = range(len(start_keys) + 1)
     else:
-        starts = sorted((rt.request.start_ns, analysis.weight(i)) for i, rt in enumerate(analysis.requests))
-        ends = sorted((rt.request.end_ns, analysis.weight(i)) for i, rt in enumerate(analysis.requests))
+        starts = sorted((t[0], t[3]) for t in times)
+        ends = sorted((t[1], t[3]) for t in times)
         start_keys = [s for s, _ in starts]
         end_keys = [e for e, _ in ends]
         start_cum = _cumulative([w for _, w in starts])
@@ -200,10 +202,10 @@ def fill_end_unix_s(analysis: Analysis) -> float | None:
     out as warm-up) are not counted, so in flight climbs from 0 at first even when nothing grows:
     a service in steady overload looks like a growing queue for as long as its requests take.
     None without requests."""
-    if not analysis.requests or analysis.latency is None:
+    span = analysis.window_ns
+    if span is None or analysis.latency is None:
         return None
-    first = min(rt.request.start_ns for rt in analysis.requests)
-    return first / 1e9 + analysis.latency.p50_ms / 1000
+    return span[0] / 1e9 + analysis.latency.p50_ms / 1000
 
 
 #: A growth stretch starts at the first window that added at least this share of its rise.
@@ -303,11 +305,11 @@ def rise_spread(analysis: Analysis, stretch: GrowthStretch) -> float:
         return 0.0
     begin, end = _ns(stretch.start_unix_s), _ns(stretch.end_unix_s)
     events: list[tuple[int, int]] = []
-    for i, rt in enumerate(analysis.requests):
-        if begin <= rt.request.start_ns < end:
-            events.append((rt.request.start_ns, analysis.weight(i)))
-        if begin <= rt.request.end_ns < end:
-            events.append((rt.request.end_ns, -analysis.weight(i)))
+    for start_ns, end_ns, _, w in analysis.arrivals():
+        if begin <= start_ns < end:
+            events.append((start_ns, w))
+        if begin <= end_ns < end:
+            events.append((end_ns, -w))
     events.sort()
     low, high = stretch.in_flight_start + 0.2 * stretch.rise, stretch.in_flight_start + 0.8 * stretch.rise
     level = stretch.in_flight_start
@@ -371,6 +373,19 @@ def arrived_between(analysis: Analysis, indices: Sequence[int], start_unix_s: fl
     return [i for i in indices if begin <= analysis.requests[i].request.start_ns < end]
 
 
+def arrivals_between(analysis: Analysis, start_unix_s: float, end_unix_s: float) -> tuple[int, float]:
+    """How many analysed requests (`Analysis.arrivals`: all, each as the requests its sample
+    weight stands for) arrived in [start, end), and their mean latency in ms (0 when none)."""
+    begin, end = _ns(start_unix_s), _ns(end_unix_s)
+    count = 0
+    total_ms = 0.0
+    for start_ns, end_ns, _, w in analysis.arrivals():
+        if begin <= start_ns < end:
+            count += w
+            total_ms += w * (end_ns - start_ns) / 1e6
+    return count, (total_ms / count if count else 0.0)
+
+
 def mean_latency_ms(analysis: Analysis, indices: Sequence[int]) -> float:
     """The weighted mean latency of requests `indices` (each distinct index once, weighted by `weight`)."""
     distinct = list(dict.fromkeys(indices))
@@ -396,6 +411,7 @@ __all__ = [
     "TailStart",
     "WindowLoad",
     "arrived_between",
+    "arrivals_between",
     "fill_end_unix_s",
     "growth_stretches",
     "layer_means_ms",

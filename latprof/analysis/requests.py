@@ -12,7 +12,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from latprof.events import Segment
+from latprof.events import Request, Segment
 from latprof.analysis.genai import unstreamed_splitter
 from latprof.layers import APP, LAYERS, MODEL, PROVIDER, UNATTRIBUTED, effective_layer
 from latprof.analysis.retries import classify_sleeps
@@ -583,6 +583,33 @@ def windows(
 # --- the whole analysis -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Population:
+    """Every analysed request's root, when the analysis holds the segments of only some of them
+    (a cohort-first analysis, `latprof.analysis.cohort_first`), and how those were picked.
+
+    Request-level numbers (latency percentiles, windows, counts, arrivals and requests in
+    flight) are computed from these, exactly; layer times come from the materialised requests:
+    exactly for the cohorts (tail, 5% tail, median) and each window's tail, and estimated for
+    the whole distribution from a deterministic sample of the others, `Analysis.weights`
+    weighing each sampled request by the requests it stands for.
+    """
+
+    #: The requests kept after warm-up, by arrival.
+    requests: list[Request]
+    #: Each one's sample weight (`sample_weight`), None when every request counts once.
+    weights: list[int] | None
+    #: Requests whose segments were read: the cohorts, the windows' tails and the sample.
+    materialised: int
+    #: Of the other requests, those in the sample (one in `one_in`, by a hash of the request id).
+    sampled: int
+    one_in: int
+
+    @property
+    def represented(self) -> int:
+        return len(self.requests) if self.weights is None else sum(self.weights)
+
+
 class LayerIndex(NamedTuple):
     """The segments of one layer, and beside each the index of its request in `Analysis.requests`."""
 
@@ -614,6 +641,9 @@ class Analysis:
     weights: list[int] | None = None
     #: The tail excess (`tail_excess_ms`) below which there is no tail worth explaining.
     min_tail_excess_ms: float = DEFAULT_MIN_TAIL_EXCESS_MS
+    #: Every analysed request's root when `requests` are only some of them (cohort-first); None
+    #: when every analysed request is materialised. Read through `arrivals`, `represented`, `recorded`.
+    population: Population | None = field(default=None, repr=False)
 
     def layer(self, name: str) -> LayerStats:
         return self.layers[name]
@@ -642,9 +672,28 @@ class Analysis:
     @property
     def window_ns(self) -> tuple[int, int] | None:
         """From the first analysed request's arrival to the last one's response; None without requests."""
+        if self.population is not None:
+            roots = self.population.requests
+            return (min(r.start_ns for r in roots), max(r.end_ns for r in roots)) if roots else None
         if not self.requests:
             return None
         return min(rt.request.start_ns for rt in self.requests), max(rt.request.end_ns for rt in self.requests)
+
+    def arrivals(self) -> list[tuple[int, int, int, int]]:
+        """(start_ns, end_ns, pid, weight) of every analysed request, by arrival - also of those whose
+        segments a cohort-first analysis did not read: counts of arrivals and of requests in flight
+        are exact either way."""
+        if self.population is not None:
+            roots, weights = self.population.requests, self.population.weights
+            if weights is None:
+                return [(r.start_ns, r.end_ns, r.pid, 1) for r in roots]
+            return [(r.start_ns, r.end_ns, r.pid, w) for r, w in zip(roots, weights)]
+        return [(rt.request.start_ns, rt.request.end_ns, rt.request.pid, self.weight(i)) for i, rt in enumerate(self.requests)]
+
+    @property
+    def recorded(self) -> int:
+        """How many analysed requests were recorded (materialised or not; sampled ones once each)."""
+        return len(self.population.requests) if self.population is not None else len(self.requests)
 
     def gauge_means(self, name: str) -> dict[tuple[int, str], float]:
         """The time-weighted mean of each instance (process and attributes, `timeline.gauge_instances`)
@@ -680,6 +729,8 @@ class Analysis:
     @property
     def represented(self) -> int:
         """How many requests the analysed ones stand for: their count, or the sum of their weights."""
+        if self.population is not None:
+            return self.population.represented
         return len(self.requests) if self.weights is None else sum(self.weights)
 
     def distinct(self, which: str) -> list[int]:
@@ -735,9 +786,43 @@ def analyze(
 ) -> Analysis:
     """Run every analysis step over a timeline; `min_tail_excess_ms` is the smallest tail worth explaining."""
     kept, skipped = skip_warmup(timeline.requests, warmup_s)
-    # One pass over every segment, while each request's segments are in cache: the layer
-    # times on the critical path, and the index by layer that rules read. Requests with a
-    # non-streamed LLM call wait until the streamed calls have given each model's decode rate.
+    breakdowns, by_layer, split_warnings = materialise(kept)
+    latencies = [(rt.request.end_ns - rt.request.start_ns) / NS_PER_MS for rt in kept]
+    weights = weights_of(timeline.requests)
+    if weights is not None:
+        skipped = sum(map(sample_weight, timeline.requests)) - sum(map(sample_weight, kept))
+        weights = [sample_weight(rt) for rt in kept]
+        sampled = [sampling_warning(len(kept), sum(weights))]
+    else:
+        sampled = []
+    groups = cohorts(latencies, weights)
+    return Analysis(
+        timeline=timeline,
+        requests=kept,
+        breakdowns=breakdowns,
+        latencies_ms=latencies,
+        latency=summarize_latency(latencies, weights),
+        groups=groups,
+        layers=layer_stats(breakdowns, groups, weights),
+        windows=windows(kept, latencies, weights=weights),
+        warmup_skipped=skipped,
+        coverage=coverage(breakdowns, weights),
+        warnings=list(timeline.warnings) + sampled + split_warnings,
+        by_layer=by_layer,
+        weights=weights,
+        min_tail_excess_ms=min_tail_excess_ms,
+    )
+
+
+def materialise(kept: list[RequestTimeline]) -> tuple[list[dict[str, float]], dict[str | None, LayerIndex], list[str]]:
+    """Each request's layer times on its critical path, and the index of segments by layer that
+    rules read: (breakdowns, by_layer, warnings). Replaces a request of `kept` whose sleeps were
+    classified (`retries.classify_sleeps`) or whose non-streamed LLM call was split
+    (`genai.unstreamed_splitter`) by the request as analysed.
+
+    One pass over every segment, while each request's segments are in cache. Requests with a
+    non-streamed LLM call wait until the streamed calls have given each model's decode rate.
+    """
     breakdowns: list[dict[str, float]] = []
     by_layer: dict[str | None, LayerIndex] = {}
 
@@ -781,34 +866,10 @@ def analyze(
             breakdowns[i] = layer_times_ms(kept[i])
             index(i, kept[i].segments)
         split_warnings = splitter.warnings()
-    latencies = [(rt.request.end_ns - rt.request.start_ns) / NS_PER_MS for rt in kept]
-    weights = weights_of(timeline.requests)
-    if weights is not None:
-        skipped = sum(map(sample_weight, timeline.requests)) - sum(map(sample_weight, kept))
-        weights = [sample_weight(rt) for rt in kept]
-        sampled = [_sampling_warning(len(kept), sum(weights))]
-    else:
-        sampled = []
-    groups = cohorts(latencies, weights)
-    return Analysis(
-        timeline=timeline,
-        requests=kept,
-        breakdowns=breakdowns,
-        latencies_ms=latencies,
-        latency=summarize_latency(latencies, weights),
-        groups=groups,
-        layers=layer_stats(breakdowns, groups, weights),
-        windows=windows(kept, latencies, weights=weights),
-        warmup_skipped=skipped,
-        coverage=coverage(breakdowns, weights),
-        warnings=list(timeline.warnings) + sampled + split_warnings,
-        by_layer=by_layer,
-        weights=weights,
-        min_tail_excess_ms=min_tail_excess_ms,
-    )
+    return breakdowns, by_layer, split_warnings
 
 
-def _sampling_warning(recorded: int, represented: int) -> str:
+def sampling_warning(recorded: int, represented: int) -> str:
     return (
         f"sampled: {recorded:,} requests recorded stand for about {represented:,} (above `latprof run --max-rate`"
         " requests a second per process the hooks record a random sample); counts, percentiles, cohorts and"

@@ -119,7 +119,7 @@ def build_timeline(data: CaptureData) -> Timeline:
             continue
         requests.append(RequestTimeline(request, tuple(by_request.pop(rid, ()))))
     requests.sort(key=lambda r: r.request.start_ns)
-    orphans = sum(len(v) for v in by_request.values())
+    orphans = sum(len(v) for v in by_request.values()) + data.orphan_deferred
 
     gauges: dict[str, list[Gauge]] = {}
     for gauge in data.gauges:
@@ -130,7 +130,8 @@ def build_timeline(data: CaptureData) -> Timeline:
     warnings = list(data.warnings)
     if orphans:
         warnings.append(
-            f"{orphans} segment(s) belong to {len(by_request)} request(s) that had not completed when collection stopped; left out"
+            f"{orphans} segment(s) belong to {len(by_request) or 'some'} request(s) that had not completed when collection"
+            " stopped; left out"
         )
     if duplicates:
         warnings.append(f"{duplicates} request(s) recorded twice under one id; kept the first")

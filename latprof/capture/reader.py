@@ -7,7 +7,7 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Callable, Collection, Iterable, NamedTuple, Protocol
 
 import orjson
 
@@ -47,6 +47,13 @@ class CaptureData:
     span_facts: SpanFacts | None = None
     #: (file, pid) of each writing process whose header promised a `closed` record it never wrote.
     unclosed: list[tuple[str, int]] = field(default_factory=list)
+    #: Segment lines left unread by a first pass (`read_captures(..., defer_segments=True)`): the
+    #: second pass (`read_deferred_segments`) reads those of the requests the analysis needs.
+    deferred_segments: int = 0
+    #: The files whose segment lines were deferred, in the order read.
+    deferred_inputs: list[str] = field(default_factory=list)
+    #: Deferred segment lines of requests not in the capture (in flight when it stopped).
+    orphan_deferred: int = 0
 
     @property
     def source_kind(self) -> str:
@@ -59,7 +66,8 @@ class CaptureData:
 
     @property
     def event_count(self) -> int:
-        return len(self.requests) + self.segment_count + len(self.gauges) + len(self.samples) + len(self.quality)
+        return (len(self.requests) + self.segment_count + self.deferred_segments + len(self.gauges) + len(self.samples)
+                + len(self.quality))  # fmt: skip
 
 
 def expand_inputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -83,13 +91,25 @@ def expand_inputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
-def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
+#: How the capture writer begins every segment line (`format.encode`'s key order, orjson's
+#: compact form): the first pass of a cohort-first read tells a segment line, and the second its
+#: request, by these bytes without parsing the line. A line that begins otherwise is parsed.
+SEGMENT_LINE_PREFIX = b'{"type":"segment","request_id":"'
+
+
+def read_captures(paths: Iterable[str | os.PathLike[str]], *, defer_segments: bool = False) -> CaptureData:
     """Read every capture named by `paths` into one `CaptureData`.
 
     Raises `InputError` (one line, naming the file and line) for a missing, empty or
     malformed input or one that is not a latprof capture, and `SchemaVersionError` for a
     schema this version cannot read. A torn last line (a writer killed mid-line) and a
     truncated gzip stream are skipped with a warning instead: nothing before them is lost.
+
+    With `defer_segments` (the first pass of a cohort-first analysis), segment lines in the
+    writer's own form (`SEGMENT_LINE_PREFIX`, ending in `}`) are counted in
+    `deferred_segments`, not parsed; every other line is read as usual.
+    `read_deferred_segments` reads them later, for the requests wanted. Only capture files
+    are deferred (trace files are read whole) and only regular files (a pipe is read once).
     """
     data = CaptureData()
     spans: list[Span] = []
@@ -107,7 +127,7 @@ def read_captures(paths: Iterable[str | os.PathLike[str]]) -> CaptureData:
             if (trace_format.kind, trace_format.reader) not in formats:
                 formats.append((trace_format.kind, trace_format.reader))
         else:
-            _read_file(path, data)
+            _read_file(path, data, defer_segments and path.is_file())
     if spans:
         _add_traces(spans, formats, data)
     if data.unclosed:
@@ -195,9 +215,10 @@ def _check_header(path: Path, lineno: int, header: dict[str, Any]) -> None:
         )
 
 
-def _read_file(path: Path, data: CaptureData) -> None:
+def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> None:
     """Append one file's events to `data`, decoded by `latprof.capture.format`. This loop is the
-    hot path of `latprof analyze`."""
+    hot path of `latprof analyze`. With `defer_segments`, a segment line in the writer's form
+    is counted, not parsed (`read_captures`)."""
     loads = orjson.loads
     JSONDecodeError = orjson.JSONDecodeError
     by_request = data.segments_by_request
@@ -211,6 +232,8 @@ def _read_file(path: Path, data: CaptureData) -> None:
     segments = 0
     valueless_gauges = 0
     open_writers: dict[int, int] = {}  # pid -> headers promising a `closed` record not yet seen
+    deferred = 0
+    prefix = SEGMENT_LINE_PREFIX
 
     stream = open_input(path)
     try:
@@ -220,6 +243,9 @@ def _read_file(path: Path, data: CaptureData) -> None:
                 if not line.strip():
                     continue
                 raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the capture is damaged before its end")
+            if defer_segments and seen_header and line.startswith(prefix) and (line.endswith(b"}\n") or line.endswith(b"}")):
+                deferred += 1  # whole (a torn line ends elsewhere): read in the second pass if its request is wanted
+                continue
             try:
                 d = loads(line)
                 kind = d["type"]
@@ -277,6 +303,9 @@ def _read_file(path: Path, data: CaptureData) -> None:
         stream.close()
 
     data.segment_count += segments
+    data.deferred_segments += deferred
+    if deferred:
+        data.deferred_inputs.append(str(path))
     if torn is not None:
         data.warnings.append(f"{path}:{torn[0]}: skipped a torn last line ({torn[1]})")
     if not seen_header:
@@ -286,6 +315,67 @@ def _read_file(path: Path, data: CaptureData) -> None:
     for kind, count in sorted(unknown_types.items()):
         data.warnings.append(f"{path}: skipped {count} event(s) of unknown type {kind!r} (written by a newer latprof?)")
     data.unclosed.extend((str(path), pid) for pid, count in open_writers.items() if count > 0)
+
+
+def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None) -> None:
+    """The second pass of a cohort-first read: the segment lines the first deferred
+    (`read_captures(..., defer_segments=True)`) of the requests in `wanted` (every request
+    when None), added to `data.segments_by_request` as the full read would have.
+
+    A deferred line's request is read from its bytes; only a wanted one is parsed. Lines whose
+    request is not among `data.requests` (in flight when the capture stopped) are counted in
+    `segments_by_request` only by number: `orphan_deferred` holds them for the timeline's warning.
+    A line that no longer parses (the file changed since the first pass) is skipped: the first
+    pass said what was damaged.
+    """
+    loads = orjson.loads
+    prefix = SEGMENT_LINE_PREFIX
+    at = len(prefix)
+    by_request = data.segments_by_request
+    wanted_bytes = None if wanted is None else {rid.encode() for rid in wanted}
+    known = {request.request_id.encode() for request in data.requests}
+    known_ids: set[str] | None = None  # built for the first line matched on its parsed form
+    orphans = 0
+    for name in data.deferred_inputs:
+        decode_segment = segment_decoder()
+        read = 0
+        try:
+            with open_input(name) as stream:
+                for line in stream:
+                    if not line.startswith(prefix):
+                        continue
+                    rid = line[at : line.find(b'"', at)]
+                    if wanted_bytes is None or rid in wanted_bytes:
+                        pass
+                    elif rid in known:
+                        continue
+                    elif b"\\" not in line[at:]:  # an id with an escaped character is matched on its parsed form below
+                        orphans += 1
+                        continue
+                    try:
+                        d = loads(line)
+                        request_id = d["request_id"]
+                        if wanted is not None and request_id not in wanted:
+                            if known_ids is None:
+                                known_ids = {request.request_id for request in data.requests}
+                            if request_id not in known_ids:
+                                orphans += 1
+                            continue
+                        bucket = by_request.get(request_id)
+                        if bucket is None:
+                            segment = decode_segment(d, line, None)
+                            by_request[segment[0]] = [segment]
+                        else:
+                            bucket.append(decode_segment(d, line, bucket[0][0]))
+                        read += 1
+                    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
+                        continue
+        except (EOFError, gzip.BadGzipFile, zlib.error):
+            pass  # the first pass warned: what came before was read
+        except OSError as exc:
+            raise InputError(f"{name}: read failed in the second pass: {exc.strerror or exc}") from None
+        data.segment_count += read
+    data.orphan_deferred += orphans
 
 
 def _unclosed_warnings(data: CaptureData) -> list[str]:

@@ -154,12 +154,26 @@ class _Metrics:
         a = self.analysis
         if a is None:
             return None, 0
-        picked = [i for i, rt in enumerate(a.requests) if _route_matches(rt.request.route, route)]
-        summary = summarize_latency([a.latencies_ms[i] for i in picked], None if a.weights is None else [a.weights[i] for i in picked])
-        return (None if summary is None else _latency_field(summary, metric)), len(picked)
+        population = a.population
+        if population is not None:  # cohort-first: every request's latency is known, exactly
+            roots = population.requests
+            chosen = [k for k, r in enumerate(roots) if _route_matches(r.route, route)]
+            latencies = [(roots[k].end_ns - roots[k].start_ns) / NS_PER_MS for k in chosen]
+            weights = None if population.weights is None else [population.weights[k] for k in chosen]
+        else:
+            chosen = [i for i, rt in enumerate(a.requests) if _route_matches(rt.request.route, route)]
+            latencies = [a.latencies_ms[i] for i in chosen]
+            weights = None if a.weights is None else [a.weights[i] for i in chosen]
+        summary = summarize_latency(latencies, weights)
+        return (None if summary is None else _latency_field(summary, metric)), len(chosen)
 
     def routes(self) -> list[str]:
-        return sorted({rt.request.route for rt in self.analysis.requests}) if self.analysis else []
+        a = self.analysis
+        if a is None:
+            return []
+        if a.population is not None:
+            return sorted({r.route for r in a.population.requests})
+        return sorted({rt.request.route for rt in a.requests})
 
 
 def _latency_field(summary: LatencySummary, metric: str) -> float:
@@ -378,11 +392,12 @@ def _attrs_match(attrs: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 def check_paths(paths: Sequence[str | os.PathLike[str]], *, config_path: str | os.PathLike[str] | None = None,
                 baseline: str | os.PathLike[str] | None = None, warmup_s: float | None = None,
-                config: Config | None = None) -> CheckRun:  # fmt: skip
+                config: Config | None = None, exact: bool = False, sample_requests: int | None = None) -> CheckRun:  # fmt: skip
     """Diagnose `paths` with the configured rules and run every configured check (`latprof check`).
 
     The config is `config`, else the file at `config_path`, else the one found from the working
     directory (none: the defaults, every rule gating). `warmup_s` overrides its `skip_warmup_s`.
+    `exact` and `sample_requests`: how a large capture is read (`latprof.pipeline.run_diagnosis`).
     """
     from latprof.engine import all_rules
     from latprof.pipeline import run_configured
@@ -391,8 +406,9 @@ def check_paths(paths: Sequence[str | os.PathLike[str]], *, config_path: str | o
     if config is None:
         config = load_config(config_path, rule_classes=classes)
     config.require_baseline(baseline)
-    diagnosis = run_configured(paths, config, classes, warmup_s=warmup_s)
-    before = run_configured([baseline], config, classes, warmup_s=warmup_s) if baseline is not None else None
+    reading: dict[str, Any] = {"exact": exact, "sample_requests": sample_requests}
+    diagnosis = run_configured(paths, config, classes, warmup_s=warmup_s, **reading)
+    before = run_configured([baseline], config, classes, warmup_s=warmup_s, **reading) if baseline is not None else None
     enabled = [cls for cls in classes if config.rule(cls.id).enabled]
     return run_checks(diagnosis, config, rule_classes=enabled, baseline=before, inputs=[str(p) for p in paths],
                       baseline_input=None if baseline is None else str(baseline))  # fmt: skip

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import orjson
 
+from latprof.analysis.cohort_first import DEFAULT_SAMPLE_REQUESTS
 from latprof.analysis.requests import DEFAULT_WARMUP_S, Analysis
 from latprof.engine import Finding, fmt_ms
 from latprof.errors import InputError
@@ -478,7 +479,8 @@ class Loaded:
     diagnosis: Diagnosis | None = None
 
 
-def load(path: str | os.PathLike[str], *, warmup_s: float = DEFAULT_WARMUP_S) -> Loaded:
+def load(path: str | os.PathLike[str], *, warmup_s: float = DEFAULT_WARMUP_S, exact: bool = False,
+         sample_requests: int = DEFAULT_SAMPLE_REQUESTS) -> Loaded:  # fmt: skip
     """Read one side of a diff: a saved `latprof.report/1` JSON report (told by its content) as
     it is, anything else by `run_diagnosis` (captures, trace files, directories of them).
 
@@ -491,7 +493,7 @@ def load(path: str | os.PathLike[str], *, warmup_s: float = DEFAULT_WARMUP_S) ->
         return Loaded(saved, None, label)
     from latprof.pipeline import run_diagnosis
 
-    diagnosis = run_diagnosis([path], warmup_s=warmup_s)
+    diagnosis = run_diagnosis([path], warmup_s=warmup_s, exact=exact, sample_requests=sample_requests)
     return Loaded(diagnosis.report, tail_means(diagnosis.analysis), label, diagnosis)
 
 
@@ -501,9 +503,11 @@ def diff_paths(
     *,
     warmup_s: float = DEFAULT_WARMUP_S,
     threshold_pct: float | None = None,
+    exact: bool = False,
+    sample_requests: int = DEFAULT_SAMPLE_REQUESTS,
 ) -> tuple[Diff, list[Loaded]]:
     """`load` both sides and `diff_reports` them; also returns what was loaded."""
-    sides = [load(before, warmup_s=warmup_s), load(after, warmup_s=warmup_s)]
+    sides = [load(side, warmup_s=warmup_s, exact=exact, sample_requests=sample_requests) for side in (before, after)]
     old, new = sides
     diff = diff_reports(
         old.report,

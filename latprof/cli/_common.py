@@ -193,15 +193,34 @@ class Judging:
         #: --skip-warmup when given on the command line; None: the config's, else the default
         self.warmup_s = warmup_s
 
-    def diagnose(self, paths: Sequence[Path], source_kind: str | None = None, trace_id: str | None = None) -> Diagnosis:
+    def diagnose(self, paths: Sequence[Path], source_kind: str | None = None, trace_id: str | None = None,
+                 exact: bool = False, sample_requests: int | None = None) -> Diagnosis:  # fmt: skip
         from latprof.pipeline import run_configured
 
         return run_configured(paths, self.config, self.classes, warmup_s=self.warmup_s, source_kind=source_kind,
-                              trace_id=trace_id)  # fmt: skip
+                              trace_id=trace_id, exact=exact, sample_requests=sample_requests)  # fmt: skip
 
     def command(self, capture: Path) -> str:
         """`latprof analyze` of `capture` as this report was judged."""
         return report_command(capture, self.warmup_s, self.path)
+
+
+def reading_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--exact` and `--sample-requests`, on the commands that analyse files (`exact`, `sample_requests`)."""
+    from latprof.analysis.cohort_first import DEFAULT_SAMPLE_REQUESTS
+
+    command = click.option(
+        "--sample-requests", "sample_requests", type=click.IntRange(min=1), default=DEFAULT_SAMPLE_REQUESTS,
+        show_default=True, metavar="N",
+        help="In a large capture, how many requests besides the tail, median and per-window tail ones to read the"
+        " segments of: the sample that estimates the layers' p50/p99.",
+    )(command)
+    return click.option(
+        "--exact", is_flag=True,
+        help="Read every segment. By default a large capture is read cohort-first: each request's latency, then the"
+        " segments of the tail, median and per-window tail requests and of a fixed sample of the others; the verdict"
+        " and tail numbers are exact, the layers' p50/p99 estimated (the report's collection.estimated says so).",
+    )(command)  # fmt: skip
 
 
 def given_warmup(ctx: click.Context, warmup_s: float) -> float | None:

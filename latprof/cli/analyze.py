@@ -11,6 +11,7 @@ from latprof.cli._common import (
     Judging,
     check_format,
     config_option,
+    reading_options,
     format_option,
     given_warmup,
     main,
@@ -28,9 +29,11 @@ from latprof.cli._common import (
 @config_option
 @click.option("--trace", "trace_id", metavar="ID",
               help="Explain the one trace with this id (hex, as a trace UI shows it) instead of the whole file.")
+@reading_options
 @click.pass_context
 def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path | None, warmup_s: float,
-            config_path: Path | None, trace_id: str | None, include_attributes: bool) -> None:  # fmt: skip
+            config_path: Path | None, trace_id: str | None, exact: bool, sample_requests: int,
+            include_attributes: bool) -> None:  # fmt: skip
     """Diagnose captures: name the layer that owns the tail, with evidence and a fix.
 
     PATHS are capture files (.jsonl or .jsonl.gz), OpenTelemetry OTLP JSON trace files (.json,
@@ -41,7 +44,7 @@ def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path 
     that used the time, the first of several errors).
     """
     check_format(fmt, include_attributes)
-    diagnosis = Judging(config_path, given_warmup(ctx, warmup_s)).diagnose(paths, trace_id=trace_id)
+    diagnosis = Judging(config_path, given_warmup(ctx, warmup_s)).diagnose(paths, trace_id=trace_id, exact=exact, sample_requests=sample_requests)
     print_report(diagnosis.report, fmt, output, diagnosis, include_attributes)
     # The analysis stays referenced until here: `run` leaves without freeing it.
     KEEP_UNTIL_EXIT.append(diagnosis)

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from latprof.analysis.requests import DEFAULT_WARMUP_S
-from latprof.cli._common import KEEP_UNTIL_EXIT, config_option, emit, main, output_option
+from latprof.cli._common import KEEP_UNTIL_EXIT, config_option, emit, main, output_option, reading_options
 from latprof.errors import InputError
 from latprof.report import renderers
 
@@ -26,9 +26,11 @@ from latprof.report import renderers
 @output_option("results")
 @click.option("--skip-warmup", "warmup_s", type=click.FloatRange(min=0), default=None, metavar="S",
               help=f"Leave out the first S seconds of each process's traffic [default: the config's skip_warmup_s, or {DEFAULT_WARMUP_S:g}].")
+@reading_options
 @click.pass_context
 def check(ctx: click.Context, paths: tuple[Path, ...], config_path: Path | None, baseline: Path | None,
-          junit: Path | None, sarif: Path | None, fmt: str, output: Path | None, warmup_s: float | None) -> None:  # fmt: skip
+          junit: Path | None, sarif: Path | None, fmt: str, output: Path | None, warmup_s: float | None,
+          exact: bool, sample_requests: int) -> None:  # fmt: skip
     """Run the rules and budgets as a CI gate: exit 0 when every check passes, 1 when one fails.
 
     PATHS are what `latprof analyze` reads. The checks are the budgets and declarative checks of
@@ -40,7 +42,8 @@ def check(ctx: click.Context, paths: tuple[Path, ...], config_path: Path | None,
     from latprof.ci.check_output import emit_github, write_junit, write_sarif
     from latprof.ci.checks import check_paths
 
-    run = check_paths(paths, config_path=config_path, baseline=baseline, warmup_s=warmup_s)
+    run = check_paths(paths, config_path=config_path, baseline=baseline, warmup_s=warmup_s, exact=exact,
+                      sample_requests=sample_requests)  # fmt: skip
     KEEP_UNTIL_EXIT.append(run)
     for path, write in ((junit, write_junit), (sarif, write_sarif)):
         if path is not None:

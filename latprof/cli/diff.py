@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from latprof.cli._common import KEEP_UNTIL_EXIT, emit, main, output_option, warmup_option
+from latprof.cli._common import KEEP_UNTIL_EXIT, emit, main, output_option, reading_options, warmup_option
 from latprof.report import renderers
 
 
@@ -19,9 +19,10 @@ from latprof.report import renderers
 @click.option("--fail-on-regression", "threshold_pct", type=click.FloatRange(min=0), metavar="PCT",
               help="Exit 1 when AFTER's p99 is more than PCT percent above BEFORE's.")
 @warmup_option
+@reading_options
 @click.pass_context
 def diff(ctx: click.Context, before: Path, after: Path, fmt: str, output: Path | None, threshold_pct: float | None,
-         warmup_s: float) -> None:  # fmt: skip
+         warmup_s: float, exact: bool, sample_requests: int) -> None:  # fmt: skip
     """Compare two diagnoses: p99, each layer's time in the slowest 1%, the verdict and the findings, BEFORE → AFTER.
 
     BEFORE and AFTER are anything `latprof analyze` reads (captures, trace files, directories), or
@@ -29,7 +30,8 @@ def diff(ctx: click.Context, before: Path, after: Path, fmt: str, output: Path |
     """
     from latprof.ci.diff import diff_paths, regression_failure
 
-    result, loaded = diff_paths(before, after, warmup_s=warmup_s, threshold_pct=threshold_pct)
+    result, loaded = diff_paths(before, after, warmup_s=warmup_s, threshold_pct=threshold_pct, exact=exact,
+                                sample_requests=sample_requests)  # fmt: skip
     KEEP_UNTIL_EXIT.append(loaded)
     emit(lambda out: renderers.DIFF.render(fmt, result, out), output)
     failure = regression_failure(result)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from latprof.analysis.capacity import window_loads
 from latprof.analysis.engine import collection_engines
 from latprof.analysis.explain import Explanation
+from latprof.analysis.cohort_first import estimated
 from latprof.analysis.requests import NS_PER_S, Analysis, LayerStats
 from latprof.analysis.timeline import Timeline
 from latprof.engine import Finding
@@ -207,15 +208,15 @@ def _explained_verdict(verdict: Verdict, explained: list[Explanation] | None) ->
 def build_report(analysis: Analysis, findings: Sequence[Finding], explained: list[Explanation] | None = None) -> Report:
     """Assemble the report from an analysis, the findings of its rules and, when made, each request explained."""
     timeline = analysis.timeline
-    requests = analysis.requests
     pids = sorted(
         {rt.request.pid for rt in timeline.requests}
         | {h["pid"] for h in timeline.headers if isinstance(h.get("pid"), int) and h.get("role") != ENGINE_SCRAPER}
     )
     lat = analysis.latency
+    span = analysis.window_ns
     window = {
-        "start_unix_s": min(rt.request.start_ns for rt in requests) / NS_PER_S if requests else None,
-        "end_unix_s": max(rt.request.end_ns for rt in requests) / NS_PER_S if requests else None,
+        "start_unix_s": span[0] / NS_PER_S if span else None,
+        "end_unix_s": span[1] / NS_PER_S if span else None,
         "requests": analysis.represented,
     }
     latency = None if lat is None else lat.to_dict()
@@ -226,7 +227,7 @@ def build_report(analysis: Analysis, findings: Sequence[Finding], explained: lis
         "idle_share": None,
         "warmup_requests_skipped": analysis.warmup_skipped,
         # Requests recorded (a random sample of `window.requests` above `latprof run --max-rate`).
-        "recorded_requests": len(requests),
+        "recorded_requests": analysis.recorded,
         "overhead": overhead_of(analysis.timeline, parts),
         "warnings": list(analysis.warnings) + [f.summary for f in findings if f.crashed],
     }
@@ -236,6 +237,9 @@ def build_report(analysis: Analysis, findings: Sequence[Finding], explained: lis
     engines = collection_engines(analysis)
     if engines:
         collection["engines"] = engines
+    sampled = estimated(analysis)
+    if sampled:
+        collection["estimated"] = sampled
     size = None
     if len(analysis.windows) >= 1:
         size = analysis.windows[0].end_unix_s - analysis.windows[0].start_unix_s

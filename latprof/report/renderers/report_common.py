@@ -100,3 +100,15 @@ def engine_lines(engine: dict[str, Any]) -> list[str]:
 def gap_place(gap: Gap) -> str:
     """Where a request's longest gap sits: "inside X, after Y, before Z"."""
     return f"inside {gap.inside}" + (f", after {gap.after}" if gap.after else "") + (f", before {gap.before}" if gap.before else "")
+
+
+def estimated_line(estimated: Any) -> str | None:
+    """One line on what a cohort-first analysis (`collection.estimated`) read and estimated; None for an exact one."""
+    if not isinstance(estimated, dict):
+        return None
+    return (
+        f"cohort-first: segments read for {estimated.get('requests_read', 0):,} of {estimated.get('requests', 0):,}"
+        " requests (the slowest 5%, the median cohort, each window's tail); the layers' p50/p99 and coverage are"
+        f" estimated from a sample of {estimated.get('sample_requests', 0):,} others (1 in"
+        f" {estimated.get('sample_one_in', 1)}); the verdict and tail numbers are exact (--exact reads everything)"
+    )

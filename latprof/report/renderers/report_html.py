@@ -30,7 +30,7 @@ from latprof.report.renderers.html_common import (
     verdict_label,
     verdict_section,
 )
-from latprof.report.renderers.report_common import cost_line, engine_lines, gap_place, injected_line
+from latprof.report.renderers.report_common import cost_line, engine_lines, estimated_line, gap_place, injected_line
 
 _WIDTH = 960
 _LANE = 13
@@ -240,6 +240,9 @@ def _collection(report: Report) -> str:
     items.append(("latprof's own cost", cost or "not measured by these collectors"))
     items.extend(("injected", injected_line(process)) for process in c.get("injected") or [])
     items.extend(("engine", line.strip()) for engine in c.get("engines") or [] for line in engine_lines(engine))
+    said = estimated_line(c.get("estimated"))
+    if said:
+        items.append(("estimated", said))
     rows = "".join(f"<dt>{esc(name)}</dt><dd>{esc(value)}</dd>" for name, value in items)
     warnings = c.get("warnings") or []
     listed = "".join(f"<li>{esc(w)}</li>" for w in warnings)

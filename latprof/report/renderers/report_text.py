@@ -13,7 +13,7 @@ from latprof.engine import Finding, fmt_ms
 from latprof.layers import DESCRIPTIONS
 from latprof.report.evidence import evidence_rows, with_unit
 from latprof.report.renderers import REPORT
-from latprof.report.renderers.report_common import cost_line, engine_lines, gap_place, injected_line
+from latprof.report.renderers.report_common import cost_line, engine_lines, estimated_line, gap_place, injected_line
 from latprof.report.model import Report
 
 _SPARKS = "▁▂▃▄▅▆▇█"
@@ -267,6 +267,9 @@ def _collection(report: Report) -> Text:
     for engine in c.get("engines") or []:
         for line in engine_lines(engine):
             text.append("\n  " + line)
+    said = estimated_line(c.get("estimated"))
+    if said:
+        text.append(f"\n  {said}")
     for warning in c.get("warnings") or []:
         text.append(f"\n  warning: {warning}", style="yellow")
     return text

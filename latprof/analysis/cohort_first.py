@@ -1,0 +1,208 @@
+"""Cohort-first analysis: read every request's latency, then only the segments the verdict needs.
+
+A verdict rests on every request's latency (the percentiles, the cohorts, the windows) and on
+the segments of a few requests: the tail cohorts, the median cohort they are compared with, and
+each window's tail. The layer table's percentiles and what rules count over all requests need
+the whole distribution, which a sample estimates. So a large capture is read in two passes
+(`latprof.capture.reader`):
+
+1. every line but the segments: requests, gauges, stack samples, quality records, headers.
+   A segment line in the writer's own form is recognised by its first bytes and not parsed;
+2. after the cohorts are chosen from the latencies, the segment lines of the requests picked
+   (`pick`): the slowest 1% and 5%, the median cohort (p40-p60), the requests at or above their
+   window's p99, and a deterministic sample of the others - one in `one_in`, by a hash of the
+   request id, so the same capture gives the same sample (and `latprof check` the same result).
+
+The analysis (`latprof.analysis.requests.Analysis`) then holds the picked requests, with
+`population` holding every request's root. Exact: latency percentiles, `p99_over_time`,
+counts of requests, arrivals and requests in flight, every cohort's layer times (so
+`tail_excess_ms` and the shares of it, which the verdict reads). Estimated from the sample (each
+sampled request weighted by the `one_in` it stands for, `Analysis.weights`): the layers'
+`p50_ms`, `p99_ms` and `mean`, `coverage`, and what a rule sums over all requests' segments.
+The report's `collection.estimated` says so, with the sample's size.
+
+When the picked requests would be most of the capture (`MAX_READ_SHARE`), every segment is read
+and the analysis is the exact one; `--exact` asks for it always.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from latprof.analysis.requests import (
+    NS_PER_MS,
+    NS_PER_S,
+    Analysis,
+    Cohorts,
+    Population,
+    cohorts,
+    coverage,
+    kept_indices,
+    layer_stats,
+    materialise,
+    sample_weight,
+    sampling_warning,
+    summarize_latency,
+    windows,
+)
+from latprof.analysis.timeline import RequestTimeline, Timeline
+
+#: How many requests outside the cohorts the sample aims at: the layers' percentiles are
+#: estimated from about this many (plus the cohorts), whatever the capture's size.
+DEFAULT_SAMPLE_REQUESTS = 10_000
+#: When the requests picked are more than this share of all, every segment is read: the second
+#: pass costs about the same, and the analysis is then exact.
+MAX_READ_SHARE = 0.6
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The requests whose segments a cohort-first analysis reads, as indices into the requests
+    kept after warm-up (`kept_indices` of the timeline), ascending."""
+
+    kept: list[int]  # indices into timeline.requests of the requests kept after warm-up
+    read: list[int]  # indices into `kept` of the requests to materialise, ascending
+    sampled: frozenset[int]  # those of `read` in the sample (the others are certain: cohorts, window tails)
+    one_in: int
+
+    def wanted_ids(self, timeline: Timeline) -> set[str]:
+        return {timeline.requests[self.kept[i]].request.request_id for i in self.read}
+
+
+def in_sample(request_id: str, one_in: int) -> bool:
+    """Whether a request is in the 1-in-`one_in` sample: by the CRC-32 of its id, so the same
+    capture always gives the same sample."""
+    return zlib.crc32(request_id.encode("utf-8", "surrogatepass")) % one_in == 0
+
+
+def pick(
+    timeline: Timeline,
+    warmup_s: float,
+    *,
+    sample_requests: int = DEFAULT_SAMPLE_REQUESTS,
+    max_read_share: float = MAX_READ_SHARE,
+) -> Pick | None:
+    """The requests a cohort-first analysis of `timeline` (its requests' roots, segments not read
+    yet) materialises, or None when that would be more than `max_read_share` of them (read
+    everything then). See the module's docstring for what is picked."""
+    requests = timeline.requests
+    kept = kept_indices(requests, warmup_s)
+    if not kept:
+        return None
+    roots = [requests[i].request for i in kept]
+    latencies = [(r.end_ns - r.start_ns) / NS_PER_MS for r in roots]
+    weights = _weights(timeline, kept)
+    groups = cohorts(latencies, weights)
+    certain = set(groups.tail) | set(groups.tail5) | set(groups.median)
+    certain.update(_window_tails(timeline, kept, latencies, weights))
+    rest = len(kept) - len(certain)
+    one_in = max(1, math.ceil(rest / max(1, sample_requests)))
+    if one_in == 1:
+        return None
+    sampled = frozenset(i for i in range(len(kept)) if i not in certain and in_sample(roots[i].request_id, one_in))
+    read = sorted(certain | sampled)
+    if len(read) > max_read_share * len(kept):
+        return None
+    return Pick(kept, read, sampled, one_in)
+
+
+def _weights(timeline: Timeline, kept: list[int]) -> list[int] | None:
+    """The sample weights of the kept requests, as `analyze` takes them (None when nothing was sampled)."""
+    if all(sample_weight(rt) == 1 for rt in timeline.requests):
+        return None
+    return [sample_weight(timeline.requests[i]) for i in kept]
+
+
+def _window_tails(timeline: Timeline, kept: list[int], latencies: list[float], weights: list[int] | None) -> set[int]:
+    """The kept requests at or above their window's p99 (`windows`), and each window's slowest:
+    what `p99_over_time` and the HTML report's tail per window are made of."""
+    rts = [timeline.requests[i] for i in kept]
+    wins = windows(rts, latencies, weights=weights)
+    if not wins:
+        return set()
+    size_ns = round((wins[0].end_unix_s - wins[0].start_unix_s) * NS_PER_S)
+    origin = round(wins[0].start_unix_s * NS_PER_S)
+    slowest: dict[int, int] = {}
+    out: set[int] = set()
+    for i, rt in enumerate(rts):
+        k = (rt.request.start_ns - origin) // size_ns if size_ns > 0 else 0
+        if not 0 <= k < len(wins):
+            continue
+        p99 = wins[k].p99_ms
+        if p99 is not None and latencies[i] >= p99:
+            out.add(i)
+        if k not in slowest or latencies[i] > latencies[slowest[k]]:
+            slowest[k] = i
+    out.update(slowest.values())
+    return out
+
+
+def analyze_picked(
+    timeline: Timeline, chosen: Pick, *, warmup_skipped: int, min_tail_excess_ms: float
+) -> Analysis:
+    """The analysis of `timeline` (segments read for the requests of `chosen`) as `analyze` would
+    make it, with request-level numbers from every kept request and layer times from the picked."""
+    requests = timeline.requests
+    all_kept = [requests[i] for i in chosen.kept]
+    roots = [rt.request for rt in all_kept]
+    latencies = [(r.end_ns - r.start_ns) / NS_PER_MS for r in roots]
+    weights = _weights(timeline, chosen.kept)
+    groups = cohorts(latencies, weights)
+
+    picked: list[RequestTimeline] = [all_kept[i] for i in chosen.read]
+    breakdowns, by_layer, split_warnings = materialise(picked)
+    position = {i: n for n, i in enumerate(chosen.read)}
+    picked_groups = Cohorts(
+        median=tuple(position[i] for i in groups.median),
+        tail=tuple(position[i] for i in groups.tail),
+        tail5=tuple(position[i] for i in groups.tail5),
+    )
+    picked_weights = [
+        (1 if weights is None else weights[i]) * (chosen.one_in if i in chosen.sampled else 1) for i in chosen.read
+    ]
+    sampled_note = [] if weights is None else [sampling_warning(len(all_kept), sum(weights))]
+    skipped = warmup_skipped
+    if weights is not None:
+        skipped = sum(map(sample_weight, requests)) - sum(weights)
+    population = Population(roots, weights, len(picked), len(chosen.sampled), chosen.one_in)
+    return Analysis(
+        timeline=timeline,
+        requests=picked,
+        breakdowns=breakdowns,
+        latencies_ms=[latencies[i] for i in chosen.read],
+        latency=summarize_latency(latencies, weights),
+        groups=picked_groups,
+        layers=layer_stats(breakdowns, picked_groups, picked_weights),
+        windows=windows(all_kept, latencies, weights=weights),
+        warmup_skipped=skipped,
+        coverage=coverage(breakdowns, picked_weights),
+        warnings=list(timeline.warnings) + sampled_note + split_warnings,
+        by_layer=by_layer,
+        weights=picked_weights,
+        min_tail_excess_ms=min_tail_excess_ms,
+        population=population,
+    )
+
+
+def estimated(analysis: Analysis) -> dict[str, Any] | None:
+    """report-v1 `collection.estimated` of a cohort-first analysis (None for an exact one): what was
+    read, the sample's size, and which numbers it estimates."""
+    population = analysis.population
+    if population is None:
+        return None
+    return {
+        "method": "cohort-first",
+        "requests": population.represented,
+        "requests_read": population.materialised,
+        "sample_requests": population.sampled,
+        "sample_one_in": population.one_in,
+        "exact": ["latency_ms", "p99_over_time", "window", "layers.tail_excess_ms", "layers.share_of_tail_excess",
+                  "verdict.share_of_tail_excess"],
+        "estimated": ["layers.p50_ms", "layers.p99_ms", "coverage", "sums over all requests in findings' evidence"],
+    }  # fmt: skip
+
+
+__all__ = ["DEFAULT_SAMPLE_REQUESTS", "MAX_READ_SHARE", "Pick", "analyze_picked", "estimated", "in_sample", "pick"]
