@@ -73,8 +73,8 @@ def damaged(data: bytes, rng: random.Random) -> bytes:
 CASE_SECONDS = float(os.environ.get("LATPROF_FUZZ_CASE_SECONDS", "2"))
 #: The child's address-space limit: a reader that blows up on a small file fails the test, not the machine.
 MEMORY_BYTES = int(os.environ.get("LATPROF_FUZZ_MEMORY_MB", "1536")) << 20
-#: The readers a child runs, by name.
-TARGETS = ("capture", "otlp_json", "otlp_proto", "jaeger_json", "zipkin_json", "config")
+#: The readers a child runs, by name (`capture_two_pass`: the cohort-first read checked against the full one).
+TARGETS = ("capture", "otlp_json", "otlp_proto", "jaeger_json", "zipkin_json", "config", "capture_two_pass")
 
 
 def long_marks() -> list[Any]:
@@ -222,6 +222,8 @@ def _read_in_child(target: str, path: str) -> tuple[str, str]:
 
             load_config(path, search=False)
             return "read", ""
+        if target == "capture_two_pass":
+            return _two_pass_in_child(path)
         if target == "capture":
             from latprof.capture.reader import read_captures
 
@@ -244,6 +246,122 @@ def _read_in_child(target: str, path: str) -> tuple[str, str]:
     except (InputError, ConfigError) as exc:
         problem = check_one_line(str(exc), path)
         return ("bad", problem) if problem else ("error", str(exc))
+
+
+def _wanted(request_ids: Any) -> set[str]:
+    """Half of `request_ids`, the same half on every run: those whose CRC-32 is even."""
+    import zlib
+
+    return {rid for rid in request_ids if zlib.crc32(rid.encode("utf-8", "surrogatepass")) % 2 == 0}
+
+
+def _deferred_lines(path: str) -> list[bytes]:
+    """The lines of the capture at `path` a first pass (`read_captures(..., defer_segments=True)`)
+    leaves unread, found independently of it: those starting with the writer's segment prefix
+    and ending in `}` and a newline, but the file's last line (which may be torn after a `}` of
+    its attributes; a stream cut short has none). Meant for a file the full read accepted."""
+    import gzip
+    import zlib
+
+    from latprof.capture.files import open_input
+    from latprof.capture.reader import SEGMENT_LINE_PREFIX
+
+    lines: list[bytes] = []
+    stream = open_input(path)
+    broken = False
+    try:
+        lines.extend(stream)
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        broken = True  # the full read stops there too; the last whole line before the cut is not the file's last
+    finally:
+        stream.close()
+    candidates = lines if broken else lines[:-1]
+    return [line for line in candidates if line.startswith(SEGMENT_LINE_PREFIX) and line.endswith(b"}\n")]
+
+
+def _two_pass_in_child(path: str) -> tuple[str, str]:
+    """Read `path` with the cohort-first read (a first pass deferring the writer's segment lines,
+    then `read_deferred_segments` for half the requests) and fully, and compare (outcome kind, detail).
+
+    When the full read succeeds, the two passes must too, with the same requests, gauges, quality
+    records, stack samples and headers; for each wanted request exactly the full read's segments
+    (same order), for any other only those the first pass read (lines not in the writer's form);
+    the counts (`deferred_segments`, `segment_count`, `orphan_deferred`) must add up. When the full
+    read refuses the file, the two passes may refuse it too (one line naming the file) or read
+    it (they do not parse the deferred lines of unwanted requests, so they can miss damage there).
+    """
+    from latprof.capture.format import decode
+    from latprof.capture.reader import read_captures, read_deferred_segments
+    from latprof.errors import InputError
+
+    full_error = None
+    try:
+        full = read_captures([path])
+    except InputError as exc:
+        full, full_error = None, str(exc)
+        problem = check_one_line(full_error, path)
+        if problem:
+            return "bad", f"full read: {problem}"
+    try:
+        two = read_captures([path], defer_segments=True)
+        wanted = _wanted(r.request_id for r in two.requests)
+        deferred_before = two.deferred_segments
+        read_deferred_segments(two, wanted)
+    except InputError as exc:
+        problem = check_one_line(str(exc), path)
+        if problem:
+            return "bad", f"two-pass read: {problem}"
+        if full is None:
+            return "error", str(exc)
+        return "bad", f"the full read succeeded, the two-pass read raised: {exc}"[:2000]
+    for warning in two.warnings:
+        problem = check_one_line(warning, path)
+        if problem:
+            return "bad", f"two-pass read: {problem}"
+    if full is None:
+        return "error", f"{full_error} (the two-pass read returned data)"
+
+    def differ(what: str, a: Any, b: Any) -> tuple[str, str]:
+        return "bad", f"{what} differ: full read {a!r}, two-pass read {b!r}"[:2000]
+
+    for what in ("requests", "gauges", "quality", "samples", "headers"):
+        if getattr(full, what) != getattr(two, what):
+            return differ(what, getattr(full, what), getattr(two, what))
+    deferred = _deferred_lines(path)
+    if deferred_before != len(deferred) or two.deferred_segments != len(deferred):
+        return "bad", f"deferred_segments is {two.deferred_segments}, {len(deferred)} lines are in the writer's form"
+    # the segments of the deferred lines, by request (what the first pass left unread)
+    from_deferred: dict[str, list[Any]] = {}
+    unparsed = 0
+    for line in deferred:
+        try:
+            d = orjson.loads(line)
+            if d["type"] != "segment":  # a repeated "type" key: the full read took it for another event
+                unparsed += 1
+                continue
+            segment = decode(d)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
+            unparsed += 1  # none when the full read accepted the file (only its last line may be bad, and that one is not deferred)
+            continue
+        from_deferred.setdefault(segment.request_id, []).append(segment)
+    for rid in {*full.segments_by_request, *two.segments_by_request}:
+        expected = list(full.segments_by_request.get(rid, ()))
+        if rid not in wanted:  # only the lines read in the first pass
+            for segment in from_deferred.get(rid, ()):
+                if segment in expected:
+                    expected.remove(segment)
+        got = two.segments_by_request.get(rid, [])
+        if got != expected:
+            whose = "wanted" if rid in wanted else "unwanted"
+            return "bad", (f"segments of {whose} request {rid!r} differ: expected {[s.segment_id for s in expected]!r},"
+                           f" two-pass read {[s.segment_id for s in got]!r}")[:2000]  # fmt: skip
+    if two.segment_count != sum(map(len, two.segments_by_request.values())):
+        return "bad", f"segment_count is {two.segment_count}, segments_by_request holds {sum(map(len, two.segments_by_request.values()))}"
+    known = {r.request_id for r in two.requests}
+    orphans = sum(len(v) for rid, v in from_deferred.items() if rid not in known)
+    if not orphans <= two.orphan_deferred <= orphans + unparsed:
+        return "bad", f"orphan_deferred is {two.orphan_deferred}, {orphans} deferred lines (and {unparsed} unparsed) are of unknown requests"
+    return "read", f"{len(deferred)} deferred lines, {len(wanted)} of {len(known)} requests wanted"
 
 
 class _Hang(BaseException):

@@ -47,7 +47,7 @@ def test_engine_scrape_benchmark_runs(tmp_path):
 @pytest.mark.slow
 def test_analyze_benchmarks_run(tmp_path):
     out = bench(tmp_path, "bench_analyze", "--requests", "2000", "--rounds", "1", "--capture", str(tmp_path / "c.jsonl"))
-    assert "median round" in out
+    assert "median round" in out and "--exact" in out
     out = bench(tmp_path, "bench_otlp", "--spans", "5000", "--rounds", "1", "--file", str(tmp_path / "spans.json"))
     assert "ratio" in out
 

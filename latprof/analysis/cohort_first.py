@@ -38,6 +38,7 @@ from latprof.analysis.requests import (
     Analysis,
     Cohorts,
     Population,
+    Window,
     cohorts,
     coverage,
     kept_indices,
@@ -49,6 +50,7 @@ from latprof.analysis.requests import (
     windows,
 )
 from latprof.analysis.timeline import RequestTimeline, Timeline
+from latprof.events import Request
 
 #: How many requests outside the cohorts the sample aims at: the layers' percentiles are
 #: estimated from about this many (plus the cohorts), whatever the capture's size.
@@ -67,6 +69,11 @@ class Pick:
     read: list[int]  # indices into `kept` of the requests to materialise, ascending
     sampled: frozenset[int]  # those of `read` in the sample (the others are certain: cohorts, window tails)
     one_in: int
+    # what the pick was made from, for the analysis (all of them over `kept`)
+    latencies: list[float]
+    weights: list[int] | None
+    groups: Cohorts
+    windows: list[Window]
 
     def wanted_ids(self, timeline: Timeline) -> set[str]:
         return {timeline.requests[self.kept[i]].request.request_id for i in self.read}
@@ -97,7 +104,8 @@ def pick(
     weights = _weights(timeline, kept)
     groups = cohorts(latencies, weights)
     certain = set(groups.tail) | set(groups.tail5) | set(groups.median)
-    certain.update(_window_tails(timeline, kept, latencies, weights))
+    wins = windows([requests[i] for i in kept], latencies, weights=weights)
+    certain.update(_window_tails(roots, wins, latencies))
     rest = len(kept) - len(certain)
     one_in = max(1, math.ceil(rest / max(1, sample_requests)))
     if one_in == 1:
@@ -106,7 +114,7 @@ def pick(
     read = sorted(certain | sampled)
     if len(read) > max_read_share * len(kept):
         return None
-    return Pick(kept, read, sampled, one_in)
+    return Pick(kept, read, sampled, one_in, latencies, weights, groups, wins)
 
 
 def _weights(timeline: Timeline, kept: list[int]) -> list[int] | None:
@@ -116,19 +124,17 @@ def _weights(timeline: Timeline, kept: list[int]) -> list[int] | None:
     return [sample_weight(timeline.requests[i]) for i in kept]
 
 
-def _window_tails(timeline: Timeline, kept: list[int], latencies: list[float], weights: list[int] | None) -> set[int]:
-    """The kept requests at or above their window's p99 (`windows`), and each window's slowest:
-    what `p99_over_time` and the HTML report's tail per window are made of."""
-    rts = [timeline.requests[i] for i in kept]
-    wins = windows(rts, latencies, weights=weights)
+def _window_tails(roots: list[Request], wins: list[Window], latencies: list[float]) -> set[int]:
+    """The requests at or above their window's p99 (of `windows`), and each window's slowest: what
+    `p99_over_time` and the HTML report's tail per window are made of."""
     if not wins:
         return set()
     size_ns = round((wins[0].end_unix_s - wins[0].start_unix_s) * NS_PER_S)
     origin = round(wins[0].start_unix_s * NS_PER_S)
     slowest: dict[int, int] = {}
     out: set[int] = set()
-    for i, rt in enumerate(rts):
-        k = (rt.request.start_ns - origin) // size_ns if size_ns > 0 else 0
+    for i, root in enumerate(roots):
+        k = (root.start_ns - origin) // size_ns if size_ns > 0 else 0
         if not 0 <= k < len(wins):
             continue
         p99 = wins[k].p99_ms
@@ -148,9 +154,7 @@ def analyze_picked(
     requests = timeline.requests
     all_kept = [requests[i] for i in chosen.kept]
     roots = [rt.request for rt in all_kept]
-    latencies = [(r.end_ns - r.start_ns) / NS_PER_MS for r in roots]
-    weights = _weights(timeline, chosen.kept)
-    groups = cohorts(latencies, weights)
+    latencies, weights, groups = chosen.latencies, chosen.weights, chosen.groups
 
     picked: list[RequestTimeline] = [all_kept[i] for i in chosen.read]
     breakdowns, by_layer, split_warnings = materialise(picked)
@@ -176,7 +180,7 @@ def analyze_picked(
         latency=summarize_latency(latencies, weights),
         groups=picked_groups,
         layers=layer_stats(breakdowns, picked_groups, picked_weights),
-        windows=windows(all_kept, latencies, weights=weights),
+        windows=chosen.windows,
         warmup_skipped=skipped,
         coverage=coverage(breakdowns, picked_weights),
         warnings=list(timeline.warnings) + sampled_note + split_warnings,

@@ -7,6 +7,7 @@ them. Times inside a request are integer nanoseconds; everything reported is mil
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -297,14 +298,10 @@ def weighted_percentile(sorted_values: Sequence[float], cumulative: Sequence[int
 
 
 def _sorted_with_cumulative(values: Sequence[float], weights: Sequence[int]) -> tuple[list[float], list[int]]:
-    pairs = sorted(zip(values, weights))
-    ordered = [v for v, _ in pairs]
-    cumulative = []
-    total = 0
-    for _, w in pairs:
-        total += w
-        cumulative.append(total)
-    return ordered, cumulative
+    """`values` ascending, and the running sum of their weights in that order (of equal values, the
+    weights' order does not change a percentile)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return [values[i] for i in order], list(itertools.accumulate([weights[i] for i in order]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, NamedTuple, Protocol
+from typing import IO, Any, Callable, Collection, Iterable, Iterator, NamedTuple, Protocol
 
 import orjson
 
@@ -54,6 +54,9 @@ class CaptureData:
     deferred_inputs: list[str] = field(default_factory=list)
     #: Deferred segment lines of requests not in the capture (in flight when it stopped).
     orphan_deferred: int = 0
+    #: Segments a deferring first pass read after all (not in the writer's form, or a file's last
+    #: line), by request id: where each stood (input number from 1, line number), in order.
+    read_early: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def source_kind(self) -> str:
@@ -232,20 +235,19 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
     segments = 0
     valueless_gauges = 0
     open_writers: dict[int, int] = {}  # pid -> headers promising a `closed` record not yet seen
-    deferred = 0
-    prefix = SEGMENT_LINE_PREFIX
-
     stream = open_input(path)
+    deferring = _Undeferred(stream) if defer_segments else None
+    lines: Iterable[bytes] = stream if deferring is None else deferring
     try:
-        for line in stream:
-            lineno += 1
+        for line in lines:
+            if deferring is None:
+                lineno += 1
+            else:
+                lineno = deferring.lineno
             if torn is not None:
                 if not line.strip():
                     continue
                 raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the capture is damaged before its end")
-            if defer_segments and seen_header and line.startswith(prefix) and (line.endswith(b"}\n") or line.endswith(b"}")):
-                deferred += 1  # whole (a torn line ends elsewhere): read in the second pass if its request is wanted
-                continue
             try:
                 d = loads(line)
                 kind = d["type"]
@@ -257,6 +259,8 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
                     else:
                         bucket.append(decode_segment(d, line, bucket[0][0]))  # one id string per request
                     segments += 1
+                    if deferring is not None:  # where it stood, for the second pass to keep the file's order
+                        data.read_early.setdefault(d["request_id"], []).append((len(data.inputs), lineno))
                 elif kind == "request":
                     requests_append(decode_request(d))  # type: ignore[arg-type]
                 elif kind == "header":
@@ -284,7 +288,8 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
                     unknown_types[str(kind)] = unknown_types.get(str(kind), 0) + 1
             except JSONDecodeError as exc:
                 if not line.strip():
-                    lineno += skip_blank_lines(stream)
+                    if deferring is None:
+                        lineno += skip_blank_lines(stream)
                     continue
                 if not seen_header:
                     raise InputError(_not_a_capture(path, line)) from None
@@ -294,6 +299,8 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
                     raise InputError(_not_a_capture(path, line)) from None
                 torn = (lineno, f"missing field {exc}" if isinstance(exc, KeyError) else str(exc))
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        if deferring is not None:
+            lineno = deferring.lines_read
         data.warnings.append(
             f"{path}: compressed stream is truncated or damaged after line {lineno} ({exc}); read what came before it"
         )
@@ -303,9 +310,11 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
         stream.close()
 
     data.segment_count += segments
-    data.deferred_segments += deferred
-    if deferred:
+    if deferring is not None and deferring.deferred:
+        data.deferred_segments += deferring.deferred
         data.deferred_inputs.append(str(path))
+        if torn is not None and deferring.last_deferred > torn[0]:  # whole segment lines came after the bad one
+            raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the capture is damaged before its end")
     if torn is not None:
         data.warnings.append(f"{path}:{torn[0]}: skipped a torn last line ({torn[1]})")
     if not seen_header:
@@ -315,6 +324,108 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
     for kind, count in sorted(unknown_types.items()):
         data.warnings.append(f"{path}: skipped {count} event(s) of unknown type {kind!r} (written by a newer latprof?)")
     data.unclosed.extend((str(path), pid) for pid, count in open_writers.items() if count > 0)
+
+
+#: How much of a capture the cohort-first passes read at a time (they split it into lines in C).
+_BLOCK_BYTES = 1 << 22
+
+
+class _Block(NamedTuple):
+    """Lines of a capture stream (without their newlines) read in one go (`_line_blocks`)."""
+
+    base: int  # the number of the block's first line, less one
+    lines: list[bytes]
+    closed: bool  # every one of them ends in "}" (and a newline)
+    last: bool  # the block holds the file's last line (its last one)
+    newline: bool  # its last line ended in a newline
+
+
+def _line_blocks(stream: IO[bytes], closed: bool = True) -> Iterator[_Block]:
+    """The lines of `stream`, about `_BLOCK_BYTES` at a time, split in C; `closed` False: not counted
+    (`_Block.closed` False). A stream that breaks off (a truncated gzip file) yields the whole lines
+    it gave before the error is raised, as a line-by-line read would have read them."""
+    rest = b""
+    base = 0
+    pending, broken = _read_block(stream)
+    while pending:
+        block = pending
+        if broken is None:
+            pending, broken = _read_block(stream)
+        else:
+            pending = b""
+        lines = block.split(b"\n")
+        if rest:
+            lines[0] = rest + lines[0]
+        rest = lines.pop()  # after the last newline: the start of the next block's first line
+        newline = True
+        if not pending and rest and broken is None:  # the file ends without a newline: `rest` is its last line
+            lines.append(rest)
+            rest = b""
+            newline = False
+        if lines:
+            last = not pending and broken is None
+            yield _Block(base, lines, closed and newline and block.count(b"}\n") == len(lines), last, newline)
+            base += len(lines)
+    if broken is not None:
+        raise broken
+
+
+def _read_block(stream: IO[bytes]) -> tuple[bytes, BaseException | None]:
+    """About `_BLOCK_BYTES` of `stream` (b"" at its end), and the error that broke it off, if one did:
+    what was read before it is kept."""
+    parts: list[bytes] = []
+    size = 0
+    read = getattr(stream, "read1", stream.read)
+    try:
+        while size < _BLOCK_BYTES:
+            chunk = read(_BLOCK_BYTES - size)
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        return b"".join(parts), exc
+    return (parts[0] if len(parts) == 1 else b"".join(parts)), None
+
+
+class _Undeferred:
+    """The lines of a capture stream but its segment lines in the writer's form (`SEGMENT_LINE_PREFIX`,
+    ending in `}`), which are counted in `deferred` (`last_deferred`: the number of the last one);
+    `lineno` is the number of the line last yielded. Empty lines are left out too. The file's
+    last line is always yielded: it may be torn (after a "}" of its attributes)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.lineno = 0
+        self.lines_read = 0  # lines of the stream passed so far, deferred or not
+        self.deferred = 0
+        self.last_deferred = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        prefix = SEGMENT_LINE_PREFIX
+        for block in _line_blocks(self.stream):
+            base, lines = block.base, block.lines
+            final = lines.pop() if block.last else None
+            if block.closed:  # every line ends in "}" (one count in C): no line needs its end checked
+                kept = [(k, line) for k, line in enumerate(lines, base + 1) if not line.startswith(prefix)]
+            else:
+                kept = [(k, line) for k, line in enumerate(lines, base + 1)
+                        if line and not (line.startswith(prefix) and line.endswith(b"}"))]  # fmt: skip
+            deferred = len(lines) - len(kept) - (0 if block.closed else lines.count(b""))
+            if deferred:
+                self.deferred += deferred
+                for k in range(len(lines) - 1, -1, -1):  # the last deferred line of the block: near its end
+                    line = lines[k]
+                    if line.startswith(prefix) and line.endswith(b"}"):
+                        self.last_deferred = base + 1 + k
+                        break
+            for k, line in kept:
+                self.lineno = k
+                yield line + b"\n"  # as a line of the stream: its parse errors read the same
+            self.lines_read = base + len(lines) + (final is not None)
+            if final:
+                self.lineno = base + len(lines) + 1
+                yield final + b"\n" if block.newline else final
 
 
 def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None) -> None:
@@ -332,50 +443,75 @@ def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None) ->
     prefix = SEGMENT_LINE_PREFIX
     at = len(prefix)
     by_request = data.segments_by_request
-    wanted_bytes = None if wanted is None else {rid.encode() for rid in wanted}
-    known = {request.request_id.encode() for request in data.requests}
+    # ids as the writer writes them between the quotes (orjson: `"` `\\` and control characters escaped)
+    wanted_raw = None if wanted is None else {_raw_id(rid) for rid in wanted}
+    # the requests not wanted: a line of one of them is passed over (most lines)
+    passed_over = set() if wanted_raw is None else {_raw_id(r.request_id) for r in data.requests} - wanted_raw
     known_ids: set[str] | None = None  # built for the first line matched on its parsed form
+    early = data.read_early  # segments of wanted requests the first pass read: merged in file order below
+    late: dict[str, list[tuple[tuple[int, int], Segment]]] = {}
     orphans = 0
     for name in data.deferred_inputs:
         decode_segment = segment_decoder()
         read = 0
+        file_number = data.inputs.index(name) + 1
         try:
             with open_input(name) as stream:
-                for line in stream:
-                    if not line.startswith(prefix):
-                        continue
-                    rid = line[at : line.find(b'"', at)]
-                    if wanted_bytes is None or rid in wanted_bytes:
-                        pass
-                    elif rid in known:
-                        continue
-                    elif b"\\" not in line[at:]:  # an id with an escaped character is matched on its parsed form below
-                        orphans += 1
-                        continue
-                    try:
-                        d = loads(line)
-                        request_id = d["request_id"]
-                        if wanted is not None and request_id not in wanted:
-                            if known_ids is None:
-                                known_ids = {request.request_id for request in data.requests}
-                            if request_id not in known_ids:
+                for block in _line_blocks(stream, closed=False):
+                    lines = block.lines[:-1] if block.last else block.lines  # the file's last line is never deferred
+                    # the id's bytes run to the first quote: cut short where the id holds an escaped one
+                    if early:  # line numbers too, to put a request's segments in file order
+                        hits = [(k, line) for k, line in enumerate(lines, block.base + 1)
+                                if line.startswith(prefix) and line[at : line.find(b'"', at)] not in passed_over]  # fmt: skip
+                    else:
+                        hits = [(0, line) for line in lines
+                                if line.startswith(prefix) and line[at : line.find(b'"', at)] not in passed_over]  # fmt: skip
+                    for lineno, line in hits:
+                        if not line.endswith(b"}"):
+                            continue  # not deferred: the first pass read it
+                        if wanted_raw is not None:
+                            cut = line[at : line.find(b'"', at)]
+                            if cut not in wanted_raw and b"\\" not in cut:  # neither wanted nor known: in flight at the end
                                 orphans += 1
+                                continue
+                        try:
+                            d = loads(line)
+                            request_id = d["request_id"]
+                            if wanted is not None and request_id not in wanted:  # an id with an escaped character
+                                if known_ids is None:
+                                    known_ids = {request.request_id for request in data.requests}
+                                if request_id not in known_ids:
+                                    orphans += 1
+                                continue
+                            bucket = by_request.get(request_id)
+                            if bucket is None:
+                                segment = decode_segment(d, line, None)
+                                by_request[segment[0]] = [segment]
+                            else:
+                                segment = decode_segment(d, line, bucket[0][0])
+                                if request_id in early:
+                                    late.setdefault(request_id, []).append(((file_number, lineno), segment))
+                                else:
+                                    bucket.append(segment)
+                            read += 1
+                        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
                             continue
-                        bucket = by_request.get(request_id)
-                        if bucket is None:
-                            segment = decode_segment(d, line, None)
-                            by_request[segment[0]] = [segment]
-                        else:
-                            bucket.append(decode_segment(d, line, bucket[0][0]))
-                        read += 1
-                    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
-                        continue
         except (EOFError, gzip.BadGzipFile, zlib.error):
             pass  # the first pass warned: what came before was read
         except OSError as exc:
             raise InputError(f"{name}: read failed in the second pass: {exc.strerror or exc}") from None
         data.segment_count += read
+    for request_id, added in late.items():  # in the order the lines stood, as the full read has them
+        bucket = by_request[request_id]
+        placed = list(zip(early[request_id], bucket[: len(early[request_id])])) + added
+        placed.sort(key=lambda pair: pair[0])
+        by_request[request_id] = [segment for _, segment in placed] + bucket[len(early[request_id]) :]
     data.orphan_deferred += orphans
+
+
+def _raw_id(request_id: str) -> bytes:
+    """`request_id` as the capture writer (orjson) writes it between its quotes."""
+    return orjson.dumps(request_id)[1:-1]
 
 
 def _unclosed_warnings(data: CaptureData) -> list[str]:

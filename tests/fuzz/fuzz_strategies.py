@@ -160,6 +160,85 @@ def capture_lines() -> tuple[Any, ...]:
     return tuple(out)
 
 
+#: Request ids the writer escapes (a quote, a backslash, control characters) or writes as raw UTF-8.
+ODD_REQUEST_IDS = ('say "hi"', "C:\\tmp\\x", "tab\there", "nl\nid", "\x01ctl", "caf\u00e9-\u00fc", "\u65e5\u672c-\U0001f600",
+                   "\u2028sep", "plain-1", "plain-2", "a\\", 'q"')  # fmt: skip
+
+
+def writer_line(doc: Any) -> bytes:
+    """`doc` as the capture writer writes a line (orjson's compact form, raw UTF-8), or as close as
+    JSON text can be when orjson refuses it (integers past 64 bits, NaN)."""
+    try:
+        return orjson.dumps(doc)
+    except TypeError:
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+@lru_cache(maxsize=None)
+def odd_id_capture_lines() -> tuple[Any, ...]:
+    """Small captures written by `latprof.capture.format.encode`, of requests whose ids the writer
+    escapes or writes as raw UTF-8, some with segment lines of requests not in the capture."""
+    from latprof.capture.format import encode, make_header
+    from latprof.events import Gauge, Request, Segment
+
+    out = []
+    for variant in range(2):
+        events: list[Any] = [make_header("run", pid=7, host="fuzz", wall_ns=T0_NS, monotonic_ns=1, ppid=1)]
+        for n, rid in enumerate(ODD_REQUEST_IDS[variant::2] + ("in-flight \"x\"",)):
+            t = T0_NS + n * 1_000_000
+            if not rid.startswith("in-flight"):
+                events.append(encode(Request(rid, "POST /chat", t, t + 900_000, 7, 10, 200)))
+            events += [encode(Segment(rid, f"s{n}a", None, "sqlalchemy checkout", "db.pool", t + 10, t + 50, 7, {"db.client.connection.pool.name": "main"})),
+                       encode(Segment(rid, f"s{n}b", f"s{n}a", "SELECT 1", "db.query", t + 50, t + 90, 7)),
+                       encode(Gauge("db.pool.in_use", float(n), t + 60, 7))]  # fmt: skip
+        out.append(events)
+    return tuple(out)
+
+
+def odd_id_capture_seeds() -> list[bytes]:
+    """`odd_id_capture_lines` in the writer's bytes, plain and gzip-compressed, and a capture whose
+    ids collide once escaped (`q"`'s line starts like the line of `q\\`)."""
+    from latprof.capture.format import encode, make_header
+    from latprof.events import Request, Segment
+
+    files = [b"".join(writer_line(d) + b"\n" for d in lines) for lines in odd_id_capture_lines()]
+    collide = [make_header("run", pid=7, host="fuzz", wall_ns=T0_NS, monotonic_ns=1, ppid=1)]
+    for n, rid in enumerate(('q"', "q\\", "n\nx", "n\\nx")):
+        collide += [encode(Request(rid, "GET /", T0_NS, T0_NS + 100, 7, None, 200)),
+                    encode(Segment(rid, f"s{n}", None, "SELECT 1", "db.query", T0_NS + 10, T0_NS + 20, 7))]  # fmt: skip
+    return [*files, gzip.compress(files[0], mtime=0), b"".join(writer_line(d) + b"\n" for d in collide)]
+
+
+@st.composite
+def two_pass_capture_file(draw: st.DrawFn) -> bytes:
+    """A capture (an example's first lines, or an odd-id one), often with odd values put in, each line in
+    the writer's form (what a cohort-first read defers) or, now and then, in another: stdlib
+    JSON's spaced form, its keys in another order, a trailing CR or blank, a segment line moved
+    before the header; gzip-compressed or not."""
+    seeds = [*capture_lines(), *odd_id_capture_lines()]
+    lines = draw(mutated(seeds) | st.sampled_from(seeds))  # unedited too: the full read of most edited ones fails
+    rng = draw(st.randoms(use_true_random=False))
+    odd = draw(st.sampled_from((0.0, 0.0, 0.05, 0.3)))  # how often a line is not in the writer's form
+    out = []
+    for doc in lines:
+        line = writer_line(doc)
+        if rng.random() < odd:
+            form = rng.randrange(4)
+            if form == 0:
+                line = dumps(doc)
+            elif form == 1 and isinstance(doc, dict):
+                line = writer_line(dict(reversed(list(doc.items()))))
+            else:
+                line += b"\r" if form == 2 else b" "
+        out.append(line)
+    if odd and out and rng.random() < 0.2:
+        at = rng.randrange(len(out))
+        if out[at].startswith(b'{"type":"segment"'):
+            out.insert(0, out.pop(at))
+    data = b"".join(line + b"\n" for line in out)
+    return gzip.compress(data, mtime=0) if draw(st.integers(0, 3)) == 0 else data
+
+
 def _fixture_spans() -> list[Any]:
     from latprof.collectors.traces.otlp_json import read_otlp_json
 
@@ -410,6 +489,9 @@ def targets() -> dict[str, tuple[Callable[[], st.SearchStrategy[Any]], Callable[
         "capture": (lambda: json_file(mutated(list(capture_lines()))),
                     lambda: [p.read_bytes() for p in EXAMPLES[:3]] + [gzip.decompress(EXAMPLES[0].read_bytes())[:20000]],
                     "case.jsonl"),
+        "capture_two_pass": (two_pass_capture_file,
+                             lambda: targets()["capture"][1]() + odd_id_capture_seeds(),
+                             "case.jsonl"),
         "otlp_json": (lambda: json_file(mutated(list(otlp_documents()))),
                       lambda: [p.read_bytes() for p in OTLP_FIXTURES] + [gzip.compress(OTLP_FIXTURES[0].read_bytes(), mtime=0),
                                                                          b"".join(dumps(d) + b"\n" for d in otlp_documents())],
