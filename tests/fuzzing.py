@@ -257,8 +257,8 @@ def _wanted(request_ids: Any) -> set[str]:
 
 def _deferred_lines(path: str) -> list[bytes]:
     """The lines of the capture at `path` a first pass (`read_captures(..., defer_segments=True)`)
-    leaves unread, found independently of it: those starting with the writer's segment prefix
-    and ending in `}` and a newline, but the file's last line (which may be torn after a `}` of
+    leaves unread, found independently of it: those starting with the writer's segment prefix,
+    but the file's last line (which may be torn after a `}` of
     its attributes; a stream cut short has none). Meant for a file the full read accepted."""
     import gzip
     import zlib
@@ -276,7 +276,7 @@ def _deferred_lines(path: str) -> list[bytes]:
     finally:
         stream.close()
     candidates = lines if broken else lines[:-1]
-    return [line for line in candidates if line.startswith(SEGMENT_LINE_PREFIX) and line.endswith(b"}\n")]
+    return [line for line in candidates if line.startswith(SEGMENT_LINE_PREFIX)]
 
 
 def _two_pass_in_child(path: str) -> tuple[str, str]:

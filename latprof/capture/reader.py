@@ -109,8 +109,8 @@ def read_captures(paths: Iterable[str | os.PathLike[str]], *, defer_segments: bo
     truncated gzip stream are skipped with a warning instead: nothing before them is lost.
 
     With `defer_segments` (the first pass of a cohort-first analysis), segment lines in the
-    writer's own form (`SEGMENT_LINE_PREFIX`, ending in `}`) are counted in
-    `deferred_segments`, not parsed; every other line is read as usual.
+    writer's own form (`SEGMENT_LINE_PREFIX`) but a file's last line (which may be torn) are
+    counted in `deferred_segments`, not parsed; every other line is read as usual.
     `read_deferred_segments` reads them later, for the requests wanted. Only capture files
     are deferred (trace files are read whole) and only regular files (a pipe is read once).
     """
@@ -335,15 +335,14 @@ class _Block(NamedTuple):
 
     base: int  # the number of the block's first line, less one
     lines: list[bytes]
-    closed: bool  # every one of them ends in "}" (and a newline)
     last: bool  # the block holds the file's last line (its last one)
     newline: bool  # its last line ended in a newline
 
 
-def _line_blocks(stream: IO[bytes], closed: bool = True) -> Iterator[_Block]:
-    """The lines of `stream`, about `_BLOCK_BYTES` at a time, split in C; `closed` False: not counted
-    (`_Block.closed` False). A stream that breaks off (a truncated gzip file) yields the whole lines
-    it gave before the error is raised, as a line-by-line read would have read them."""
+def _line_blocks(stream: IO[bytes]) -> Iterator[_Block]:
+    """The lines of `stream`, about `_BLOCK_BYTES` at a time, split in C. A stream that breaks off
+    (a truncated gzip file) yields the whole lines it gave before the error is raised, as a
+    line-by-line read would have read them."""
     rest = b""
     base = 0
     pending, broken = _read_block(stream)
@@ -364,7 +363,7 @@ def _line_blocks(stream: IO[bytes], closed: bool = True) -> Iterator[_Block]:
             newline = False
         if lines:
             last = not pending and broken is None
-            yield _Block(base, lines, closed and newline and block.count(b"}\n") == len(lines), last, newline)
+            yield _Block(base, lines, last, newline)
             base += len(lines)
     if broken is not None:
         raise broken
@@ -389,8 +388,8 @@ def _read_block(stream: IO[bytes]) -> tuple[bytes, BaseException | None]:
 
 
 class _Undeferred:
-    """The lines of a capture stream but its segment lines in the writer's form (`SEGMENT_LINE_PREFIX`,
-    ending in `}`), which are counted in `deferred` (`last_deferred`: the number of the last one);
+    """The lines of a capture stream but its segment lines in the writer's form (`SEGMENT_LINE_PREFIX`),
+    which are counted in `deferred` (`last_deferred`: the number of the last one);
     `lineno` is the number of the line last yielded. Empty lines are left out too. The file's
     last line is always yielded: it may be torn (after a "}" of its attributes)."""
 
@@ -406,17 +405,12 @@ class _Undeferred:
         for block in _line_blocks(self.stream):
             base, lines = block.base, block.lines
             final = lines.pop() if block.last else None
-            if block.closed:  # every line ends in "}" (one count in C): no line needs its end checked
-                kept = [(k, line) for k, line in enumerate(lines, base + 1) if not line.startswith(prefix)]
-            else:
-                kept = [(k, line) for k, line in enumerate(lines, base + 1)
-                        if line and not (line.startswith(prefix) and line.endswith(b"}"))]  # fmt: skip
-            deferred = len(lines) - len(kept) - (0 if block.closed else lines.count(b""))
+            kept = [(k, line) for k, line in enumerate(lines, base + 1) if line and not line.startswith(prefix)]
+            deferred = len(lines) - len(kept) - lines.count(b"")
             if deferred:
                 self.deferred += deferred
                 for k in range(len(lines) - 1, -1, -1):  # the last deferred line of the block: near its end
-                    line = lines[k]
-                    if line.startswith(prefix) and line.endswith(b"}"):
+                    if lines[k].startswith(prefix):
                         self.last_deferred = base + 1 + k
                         break
             for k, line in kept:
@@ -457,7 +451,7 @@ def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None) ->
         file_number = data.inputs.index(name) + 1
         try:
             with open_input(name) as stream:
-                for block in _line_blocks(stream, closed=False):
+                for block in _line_blocks(stream):
                     lines = block.lines[:-1] if block.last else block.lines  # the file's last line is never deferred
                     # the id's bytes run to the first quote: cut short where the id holds an escaped one
                     if early:  # line numbers too, to put a request's segments in file order
@@ -467,8 +461,6 @@ def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None) ->
                         hits = [(0, line) for line in lines
                                 if line.startswith(prefix) and line[at : line.find(b'"', at)] not in passed_over]  # fmt: skip
                     for lineno, line in hits:
-                        if not line.endswith(b"}"):
-                            continue  # not deferred: the first pass read it
                         if wanted_raw is not None:
                             cut = line[at : line.find(b'"', at)]
                             if cut not in wanted_raw and b"\\" not in cut:  # neither wanted nor known: in flight at the end
