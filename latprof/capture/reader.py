@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import pickle
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import IO, Any, Callable, Collection, Iterable, Iterator, NamedTuple
 
 import orjson
 
-from latprof.capture.files import open_input, skip_blank_lines
+from latprof.capture.files import GZIP_MAGIC, open_input, skip_blank_lines
 from latprof.capture.format import DECODERS, HEADER_CLOSES, SCHEMA, SCHEMA_PREFIX, SOURCE_KINDS, segment_decoder
 from latprof.errors import InputError, SchemaVersionError
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
@@ -339,17 +340,23 @@ class _Block(NamedTuple):
     newline: bool  # its last line ended in a newline
 
 
-def _line_blocks(stream: IO[bytes]) -> Iterator[_Block]:
-    """The lines of `stream`, about `_BLOCK_BYTES` at a time, split in C. A stream that breaks off
-    (a truncated gzip file) yields the whole lines it gave before the error is raised, as a
-    line-by-line read would have read them."""
+def _line_blocks(stream: IO[bytes], *, limit: int | None = None, ends_file: bool = True) -> Iterator[_Block]:
+    """The lines of `stream`, about `_BLOCK_BYTES` at a time, split in C; only its first `limit`
+    bytes when given (ending at a line's end); `ends_file` False: what is read is not the file's
+    end (`_Block.last` stays False). A stream that breaks off (a truncated gzip file) yields the
+    whole lines it gave before the error is raised, as a line-by-line read would have read them."""
     rest = b""
     base = 0
-    pending, broken = _read_block(stream)
+    left = limit
+    pending, broken = _read_block(stream, left)
+    if left is not None:
+        left -= len(pending)
     while pending:
         block = pending
-        if broken is None:
-            pending, broken = _read_block(stream)
+        if broken is None and left != 0:
+            pending, broken = _read_block(stream, left)
+            if left is not None:
+                left -= len(pending)
         else:
             pending = b""
         lines = block.split(b"\n")
@@ -362,22 +369,23 @@ def _line_blocks(stream: IO[bytes]) -> Iterator[_Block]:
             rest = b""
             newline = False
         if lines:
-            last = not pending and broken is None
+            last = ends_file and not pending and broken is None
             yield _Block(base, lines, last, newline)
             base += len(lines)
     if broken is not None:
         raise broken
 
 
-def _read_block(stream: IO[bytes]) -> tuple[bytes, BaseException | None]:
-    """About `_BLOCK_BYTES` of `stream` (b"" at its end), and the error that broke it off, if one did:
-    what was read before it is kept."""
+def _read_block(stream: IO[bytes], limit: int | None = None) -> tuple[bytes, BaseException | None]:
+    """About `_BLOCK_BYTES` of `stream` (at most `limit`; b"" at its end), and the error that broke
+    it off, if one did: what was read before it is kept."""
     parts: list[bytes] = []
     size = 0
+    wanted = _BLOCK_BYTES if limit is None else min(_BLOCK_BYTES, limit)
     read = getattr(stream, "read1", stream.read)
     try:
-        while size < _BLOCK_BYTES:
-            chunk = read(_BLOCK_BYTES - size)
+        while size < wanted:
+            chunk = read(wanted - size)
             if not chunk:
                 break
             parts.append(chunk)
@@ -422,7 +430,7 @@ class _Undeferred:
                 yield final + b"\n" if block.newline else final
 
 
-def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None) -> None:
+def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None, *, workers: int = 2) -> None:
     """The second pass of a cohort-first read: the segment lines the first deferred
     (`read_captures(..., defer_segments=True)`) of the requests in `wanted` (every request
     when None), added to `data.segments_by_request` as the full read would have.
@@ -431,74 +439,204 @@ def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None) ->
     request is not among `data.requests` (in flight when the capture stopped) are counted in
     `segments_by_request` only by number: `orphan_deferred` holds them for the timeline's warning.
     A line that no longer parses (the file changed since the first pass) is skipped: the first
-    pass said what was damaged.
+    pass said what was damaged. With `workers` 2, a single plain (not gzip) file is read by two
+    processes, a forked one reading its second half (`_forked_half`).
     """
-    loads = orjson.loads
-    prefix = SEGMENT_LINE_PREFIX
-    at = len(prefix)
+    look = _Looking(data, wanted)
     by_request = data.segments_by_request
-    # ids as the writer writes them between the quotes (orjson: `"` `\\` and control characters escaped)
-    wanted_raw = None if wanted is None else {_raw_id(rid) for rid in wanted}
-    # the requests not wanted: a line of one of them is passed over (most lines)
-    passed_over = set() if wanted_raw is None else {_raw_id(r.request_id) for r in data.requests} - wanted_raw
-    known_ids: set[str] | None = None  # built for the first line matched on its parsed form
     early = data.read_early  # segments of wanted requests the first pass read: merged in file order below
     late: dict[str, list[tuple[tuple[int, int], Segment]]] = {}
-    orphans = 0
     for name in data.deferred_inputs:
         decode_segment = segment_decoder()
         read = 0
         file_number = data.inputs.index(name) + 1
+        half = _forked_half(name, look) if workers > 1 and len(data.deferred_inputs) == 1 and not early else None
         try:
             with open_input(name) as stream:
-                for block in _line_blocks(stream):
-                    lines = block.lines[:-1] if block.last else block.lines  # the file's last line is never deferred
-                    # the id's bytes run to the first quote: cut short where the id holds an escaped one
-                    if early:  # line numbers too, to put a request's segments in file order
-                        hits = [(k, line) for k, line in enumerate(lines, block.base + 1)
-                                if line.startswith(prefix) and line[at : line.find(b'"', at)] not in passed_over]  # fmt: skip
-                    else:
-                        hits = [(0, line) for line in lines
-                                if line.startswith(prefix) and line[at : line.find(b'"', at)] not in passed_over]  # fmt: skip
-                    for lineno, line in hits:
-                        if wanted_raw is not None:
-                            cut = line[at : line.find(b'"', at)]
-                            if cut not in wanted_raw and b"\\" not in cut:  # neither wanted nor known: in flight at the end
-                                orphans += 1
-                                continue
-                        try:
-                            d = loads(line)
-                            request_id = d["request_id"]
-                            if wanted is not None and request_id not in wanted:  # an id with an escaped character
-                                if known_ids is None:
-                                    known_ids = {request.request_id for request in data.requests}
-                                if request_id not in known_ids:
-                                    orphans += 1
-                                continue
-                            bucket = by_request.get(request_id)
-                            if bucket is None:
-                                segment = decode_segment(d, line, None)
-                                by_request[segment[0]] = [segment]
+                blocks = _line_blocks(stream, limit=None if half is None else half.start, ends_file=half is None)
+                for lineno, d, line in _deferred_hits(blocks, look, with_lines=bool(early)):
+                    request_id = d["request_id"]
+                    bucket = by_request.get(request_id)
+                    try:
+                        if bucket is None:
+                            segment = decode_segment(d, line, None)
+                            by_request[segment[0]] = [segment]
+                        else:
+                            segment = decode_segment(d, line, bucket[0][0])
+                            if request_id in early:
+                                late.setdefault(request_id, []).append(((file_number, lineno), segment))
                             else:
-                                segment = decode_segment(d, line, bucket[0][0])
-                                if request_id in early:
-                                    late.setdefault(request_id, []).append(((file_number, lineno), segment))
-                                else:
-                                    bucket.append(segment)
-                            read += 1
-                        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
-                            continue
+                                bucket.append(segment)
+                    except (KeyError, TypeError, ValueError, IndexError):
+                        continue
+                    read += 1
         except (EOFError, gzip.BadGzipFile, zlib.error):
             pass  # the first pass warned: what came before was read
         except OSError as exc:
             raise InputError(f"{name}: read failed in the second pass: {exc.strerror or exc}") from None
+        if half is not None:
+            read += half.collect(by_request, look)
         data.segment_count += read
     for request_id, added in late.items():  # in the order the lines stood, as the full read has them
         bucket = by_request[request_id]
         placed = list(zip(early[request_id], bucket[: len(early[request_id])])) + added
         placed.sort(key=lambda pair: pair[0])
         by_request[request_id] = [segment for _, segment in placed] + bucket[len(early[request_id]) :]
-    data.orphan_deferred += orphans
+    data.orphan_deferred += look.orphans
+
+
+class _Looking:
+    """What the second pass looks for: the wanted requests' lines; counts the lines of requests not in the capture."""
+
+    def __init__(self, data: CaptureData, wanted: Collection[str] | None) -> None:
+        self.requests = data.requests
+        self.wanted = wanted
+        # ids as the writer writes them between the quotes (orjson: `"` `\\` and control characters escaped)
+        self.wanted_raw = None if wanted is None else {_raw_id(rid) for rid in wanted}
+        # the requests not wanted: a line of one of them is passed over (most lines)
+        self.passed_over = set() if self.wanted_raw is None else {_raw_id(r.request_id) for r in data.requests} - self.wanted_raw
+        self.known_ids: set[str] | None = None  # built for the first line matched on its parsed form
+        self.orphans = 0
+
+
+def _deferred_hits(blocks: Iterable[_Block], look: _Looking, with_lines: bool = False) -> Iterator[tuple[int, dict[str, Any], bytes]]:
+    """(line number when `with_lines`, else 0; the parsed line; the line) of each deferred segment line
+    of a wanted request in `blocks`, in order; lines of unknown requests are counted in `look.orphans`."""
+    loads = orjson.loads
+    prefix = SEGMENT_LINE_PREFIX
+    at = len(prefix)
+    passed_over, wanted_raw, wanted = look.passed_over, look.wanted_raw, look.wanted
+    for block in blocks:
+        lines = block.lines[:-1] if block.last else block.lines  # the file's last line is never deferred
+        # the id's bytes run to the first quote: cut short where the id holds an escaped one
+        if with_lines:  # line numbers too, to put a request's segments in file order
+            hits = [(k, line) for k, line in enumerate(lines, block.base + 1)
+                    if line.startswith(prefix) and line[at : line.find(b'"', at)] not in passed_over]  # fmt: skip
+        else:
+            hits = [(0, line) for line in lines
+                    if line.startswith(prefix) and line[at : line.find(b'"', at)] not in passed_over]  # fmt: skip
+        for lineno, line in hits:
+            if wanted_raw is not None:
+                cut = line[at : line.find(b'"', at)]
+                if cut not in wanted_raw and b"\\" not in cut:  # neither wanted nor known: in flight at the end
+                    look.orphans += 1
+                    continue
+            try:
+                d = loads(line)
+                request_id = d["request_id"]
+                if wanted is not None and request_id not in wanted:  # an id with an escaped character
+                    if look.known_ids is None:
+                        look.known_ids = {request.request_id for request in look.requests}
+                    if request_id not in look.known_ids:
+                        look.orphans += 1
+                    continue
+                if type(request_id) is not str:
+                    continue
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+            yield lineno, d, line
+
+
+#: A plain capture smaller than this is read by one process: a fork costs more than it saves.
+_FORK_MIN_BYTES = 32 << 20
+
+
+class _Half:
+    """The second half of a capture's second pass, read by a forked process (`_forked_half`)."""
+
+    def __init__(self, name: str, start: int, pid: int, pipe: int) -> None:
+        self.name = name
+        self.start = start  # the byte it begins at (a line's start): the caller reads up to it
+        self.pid = pid
+        self.pipe = pipe
+
+    def collect(self, by_request: dict[Any, list[Segment]], look: _Looking) -> int:
+        """Wait for the child and add its segments after the caller's; how many. Should it have
+        failed, the caller's process reads the half itself."""
+        with os.fdopen(self.pipe, "rb") as pipe:
+            blob = pipe.read()
+        _, status = os.waitpid(self.pid, 0)
+        try:
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise ValueError("the reading process failed")
+            orphans, found = pickle.loads(blob)
+        except Exception:  # the child died or said nothing whole: read its half here
+            return self._read_here(by_request, look)
+        look.orphans += orphans
+        new = tuple.__new__
+        for fields in found:
+            bucket = by_request.get(fields[0])
+            segment = new(Segment, (bucket[0][0], *fields[1:]) if bucket else fields)
+            if bucket is None:
+                by_request[segment[0]] = [segment]
+            else:
+                bucket.append(segment)
+        return len(found)
+
+    def _read_here(self, by_request: dict[Any, list[Segment]], look: _Looking) -> int:
+        decode_segment = segment_decoder()
+        read = 0
+        with open(self.name, "rb") as stream:
+            stream.seek(self.start)
+            for _, d, line in _deferred_hits(_line_blocks(stream), look):
+                bucket = by_request.get(d["request_id"])
+                try:
+                    segment = decode_segment(d, line, None if bucket is None else bucket[0][0])
+                except (KeyError, TypeError, ValueError, IndexError):
+                    continue
+                if bucket is None:
+                    by_request[segment[0]] = [segment]
+                else:
+                    bucket.append(segment)
+                read += 1
+        return read
+
+
+def _forked_half(name: str, look: _Looking) -> _Half | None:
+    """A forked process reading the second half of the plain capture `name` for the second pass
+    (from the first line that starts at or after its middle), or None: a gzip or small file, a
+    process with other threads running (a fork copies their locks as they are), or no fork."""
+    import threading
+
+    if not hasattr(os, "fork") or threading.active_count() > 1:
+        return None
+    try:
+        with open(name, "rb") as raw:
+            size = os.fstat(raw.fileno()).st_size
+            if size < _FORK_MIN_BYTES or raw.read(2) == GZIP_MAGIC:
+                return None
+            raw.seek(size // 2)
+            ahead = raw.read(1 << 20)
+            cut = ahead.find(b"\n")
+            if cut < 0:
+                return None
+            start = size // 2 + cut + 1
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:  # the child: read the half, send what it found, leave without running any exit handler
+        code = 1
+        try:
+            os.close(read_end)
+            decode_segment = segment_decoder()
+            shared: dict[str, str] = {}
+            found: list[tuple[Any, ...]] = []
+            with open(name, "rb") as stream:
+                stream.seek(start)
+                for _, d, line in _deferred_hits(_line_blocks(stream), look):
+                    try:
+                        segment = decode_segment(d, line, shared.setdefault(d["request_id"], d["request_id"]))
+                    except (KeyError, TypeError, ValueError, IndexError):
+                        continue
+                    found.append(tuple(segment))
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(pickle.dumps((look.orphans, found), protocol=pickle.HIGHEST_PROTOCOL))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    return _Half(name, start, pid, read_end)
 
 
 def _raw_id(request_id: str) -> bytes:

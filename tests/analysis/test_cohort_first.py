@@ -183,3 +183,31 @@ def test_analyze_exact_reads_everything_and_the_sample_size_is_an_option(capture
     assert "estimated from" in text.output
     bad = runner.invoke(main, ["analyze", str(capture), "--sample-requests", "0"])
     assert bad.exit_code == 2
+
+
+def test_two_processes_read_the_second_pass_as_one_does(capture: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second pass of a plain capture is read by this process and a forked one (its second half):
+    the same segments, in the same order, as one process reads; and a failed child's half is read here."""
+    from latprof.capture import reader
+
+    monkeypatch.setattr(reader, "_FORK_MIN_BYTES", 0)
+    timeline = build_timeline(read_captures([capture], defer_segments=True))
+    chosen = pick(timeline, 2.0, sample_requests=300)
+    assert chosen is not None
+    wanted = chosen.wanted_ids(timeline)
+    results = []
+    for workers in (1, 2):
+        data = read_captures([capture], defer_segments=True)
+        reader.read_deferred_segments(data, wanted, workers=workers)
+        results.append(data)
+    one, two = results
+    assert one.segments_by_request == two.segments_by_request and len(one.segments_by_request) == len(wanted)
+    assert one.segment_count == two.segment_count == 9 * len(wanted)
+
+    def broken_pickle(blob: bytes) -> object:
+        raise ValueError("a child that said nothing whole")
+
+    monkeypatch.setattr(reader.pickle, "loads", broken_pickle)
+    data = read_captures([capture], defer_segments=True)
+    reader.read_deferred_segments(data, wanted, workers=2)
+    assert data.segments_by_request == one.segments_by_request and data.segment_count == one.segment_count
