@@ -88,7 +88,12 @@ def test_the_scenarios_cover_every_state():
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_signature(parked, name):
     pid, tid = parked[name]
-    (thread,) = [t for t in pyspy.dump(pid) if t.tid == tid]
+    for _ in range(5):  # a --nonblocking dump can read the thread list while it changes, and miss a thread
+        found = [t for t in pyspy.dump(pid) if t.tid == tid]
+        if found:
+            break
+        time.sleep(0.2)
+    (thread,) = found
     got = classify(thread.frames, wchan=thread.wchan, active=thread.active)
     frames = " <- ".join(f"{f.name} ({f.file})" for f in thread.frames[:6])
     assert (got.state, got.layer, got.signature, got.split_unknown) == EXPECTED[name], f"{frames}; wchan {thread.wchan}"
