@@ -98,7 +98,6 @@ def _cohort_first_says_what_the_full_analysis_says():
     cohort-first, reading the segments of the cohorts, the windows' tails and only
     `COMPARED_SAMPLE_REQUESTS` others, and must give the same verdict, rules and tail numbers
     (`cohort_first_differences`). Trace files and attach captures are read whole: not compared."""
-    import latprof.demo.run as demo_run
     import latprof.pipeline as pipeline
     from latprof.analysis.requests import MIN_REQUESTS_FOR_VERDICT
 
@@ -119,11 +118,17 @@ def _cohort_first_says_what_the_full_analysis_says():
                             + "\n  ".join(problems))  # fmt: skip
         return full
 
+    # A module that imports it by name later (latprof.demo.run) takes the compared one; one imported
+    # already is patched (not imported here: the demo needs httpx, which some test sessions lack).
     pipeline.run_diagnosis = compared  # type: ignore[assignment]
-    demo_run.run_diagnosis = compared  # type: ignore[attr-defined]
+    demo_run = sys.modules.get("latprof.demo.run")
+    if demo_run is not None:
+        demo_run.run_diagnosis = compared  # type: ignore[attr-defined]
     yield
     pipeline.run_diagnosis = original  # type: ignore[assignment]
-    demo_run.run_diagnosis = original  # type: ignore[attr-defined]
+    demo_run = sys.modules.get("latprof.demo.run")
+    if demo_run is not None and getattr(demo_run, "run_diagnosis", None) is compared:
+        demo_run.run_diagnosis = original  # type: ignore[attr-defined]
 
 
 def pytest_sessionfinish(session, exitstatus):
