@@ -212,7 +212,7 @@ def _in_traffic(analysis: Analysis, events: Iterable[_Timed]) -> list[_Timed]:
     if not analysis.requests or not events:  # (no events: the requests need not be read)
         return events
     spans: dict[int, tuple[int, int]] = {}
-    for start, end, pid, _ in analysis.arrivals():
+    for start, end, pid, _ in analysis.arrivals:
         lo, hi = spans.get(pid, (start, end))
         spans[pid] = (min(lo, start), max(hi, end))
     everywhere = (min(lo for lo, _ in spans.values()), max(hi for _, hi in spans.values()))

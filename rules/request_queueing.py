@@ -222,7 +222,7 @@ def _peak_in_flight(analysis: Analysis) -> int:
     ended; the peak is always at some arrival, so checking arrivals is enough. A sampled
     request counts as the requests it stands for (an estimate, then).
     """
-    times = analysis.arrivals()  # every analysed request, also those a cohort-first analysis did not read
+    times = analysis.arrivals  # every analysed request, also those a cohort-first analysis did not read
     if all(w == 1 for *_, w in times):
         starts = sorted(t[0] for t in times)
         ends = sorted(t[1] for t in times)

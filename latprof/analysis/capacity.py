@@ -152,7 +152,7 @@ def window_loads(analysis: Analysis, windows: Sequence[Window] | None = None) ->
         return []
     start_cum: Sequence[int]
     end_cum: Sequence[int]
-    times = analysis.arrivals()  # every analysed request, also those a cohort-first analysis did not read
+    times = analysis.arrivals  # every analysed request, also those a cohort-first analysis did not read
     if all(w == 1 for *_, w in times):  # every request counts once: plain sorted times (a million in well under a second)
         start_keys = sorted([t[0] for t in times])
         end_keys = sorted([t[1] for t in times])
@@ -305,7 +305,7 @@ def rise_spread(analysis: Analysis, stretch: GrowthStretch) -> float:
         return 0.0
     begin, end = _ns(stretch.start_unix_s), _ns(stretch.end_unix_s)
     events: list[tuple[int, int]] = []
-    for start_ns, end_ns, _, w in analysis.arrivals():
+    for start_ns, end_ns, _, w in analysis.arrivals:
         if begin <= start_ns < end:
             events.append((start_ns, w))
         if begin <= end_ns < end:
@@ -379,7 +379,7 @@ def arrivals_between(analysis: Analysis, start_unix_s: float, end_unix_s: float)
     begin, end = _ns(start_unix_s), _ns(end_unix_s)
     count = 0
     total_ms = 0.0
-    for start_ns, end_ns, _, w in analysis.arrivals():
+    for start_ns, end_ns, _, w in analysis.arrivals:
         if begin <= start_ns < end:
             count += w
             total_ms += w * (end_ns - start_ns) / 1e6

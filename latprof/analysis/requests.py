@@ -7,6 +7,7 @@ them. Times inside a request are integer nanoseconds; everything reported is mil
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 import operator
@@ -676,10 +677,12 @@ class Analysis:
             return None
         return min(rt.request.start_ns for rt in self.requests), max(rt.request.end_ns for rt in self.requests)
 
+    @functools.cached_property
     def arrivals(self) -> list[tuple[int, int, int, int]]:
         """(start_ns, end_ns, pid, weight) of every analysed request, by arrival - also of those whose
         segments a cohort-first analysis did not read: counts of arrivals and of requests in flight
-        are exact either way."""
+        are exact either way. Built once per analysis (rules and the report read it several times);
+        read it, do not change it."""
         if self.population is not None:
             roots, weights = self.population.requests, self.population.weights
             if weights is None:

@@ -8,7 +8,7 @@ import pickle
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Collection, Iterable, Iterator, NamedTuple, Protocol
+from typing import IO, Any, Callable, Collection, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 import orjson
 
@@ -447,31 +447,13 @@ def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None, *,
     early = data.read_early  # segments of wanted requests the first pass read: merged in file order below
     late: dict[str, list[tuple[tuple[int, int], Segment]]] = {}
     for name in data.deferred_inputs:
-        decode_segment = segment_decoder()
         read = 0
         file_number = data.inputs.index(name) + 1
         half = _forked_half(name, look) if workers > 1 and len(data.deferred_inputs) == 1 and not early else None
         try:
             with open_input(name) as stream:
                 blocks = _line_blocks(stream, limit=None if half is None else half.start, ends_file=half is None)
-                for lineno, d, line in _deferred_hits(blocks, look, with_lines=bool(early)):
-                    request_id = d["request_id"]
-                    bucket = by_request.get(request_id)
-                    try:
-                        if bucket is None:
-                            segment = decode_segment(d, line, None)
-                            by_request[segment[0]] = [segment]
-                        else:
-                            segment = decode_segment(d, line, bucket[0][0])
-                            if request_id in early:
-                                late.setdefault(request_id, []).append(((file_number, lineno), segment))
-                            else:
-                                bucket.append(segment)
-                    except (KeyError, TypeError, ValueError, IndexError):
-                        continue
-                    read += 1
-        except (EOFError, gzip.BadGzipFile, zlib.error):
-            pass  # the first pass warned: what came before was read
+                read = _add_deferred(blocks, look, by_request, early, late, file_number)
         except OSError as exc:
             raise InputError(f"{name}: read failed in the second pass: {exc.strerror or exc}") from None
         if half is not None:
@@ -483,6 +465,42 @@ def read_deferred_segments(data: CaptureData, wanted: Collection[str] | None, *,
         placed.sort(key=lambda pair: pair[0])
         by_request[request_id] = [segment for _, segment in placed] + bucket[len(early[request_id]) :]
     data.orphan_deferred += look.orphans
+
+
+def _add_deferred(
+    blocks: Iterable[_Block],
+    look: _Looking,
+    by_request: dict[Any, list[Segment]],
+    early: Mapping[str, Any] = {},
+    late: dict[str, list[tuple[tuple[int, int], Segment]]] | None = None,
+    file_number: int = 0,
+) -> int:
+    """Decode the wanted segment lines of `blocks` (`_deferred_hits`) into `by_request`, after what
+    it holds; how many. A segment of a request in `early` (some of whose segments the first pass
+    read) goes to `late` with where it stood, for the caller to put in file order. A stream that
+    breaks off (a truncated gzip file) ends it: the first pass warned; what came before counts."""
+    decode_segment = segment_decoder()
+    read = 0
+    try:
+        for lineno, d, line in _deferred_hits(blocks, look, with_lines=bool(early)):
+            request_id = d["request_id"]
+            bucket = by_request.get(request_id)
+            try:
+                if bucket is None:
+                    segment = decode_segment(d, line, None)
+                    by_request[segment[0]] = [segment]
+                else:
+                    segment = decode_segment(d, line, bucket[0][0])
+                    if late is not None and request_id in early:
+                        late.setdefault(request_id, []).append(((file_number, lineno), segment))
+                    else:
+                        bucket.append(segment)
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+            read += 1
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        pass
+    return read
 
 
 class _Looking:
@@ -510,14 +528,13 @@ def _deferred_hits(blocks: Iterable[_Block], look: _Looking, with_lines: bool = 
         lines = block.lines[:-1] if block.last else block.lines  # the file's last line is never deferred
         # the id's bytes run to the first quote: cut short where the id holds an escaped one
         if with_lines:  # line numbers too, to put a request's segments in file order
-            hits = [(k, line) for k, line in enumerate(lines, block.base + 1)
-                    if line.startswith(prefix) and line[at : line.find(b'"', at)] not in passed_over]  # fmt: skip
+            hits = [(k, line, cut) for k, line in enumerate(lines, block.base + 1)
+                    if line.startswith(prefix) and (cut := line[at : line.find(b'"', at)]) not in passed_over]  # fmt: skip
         else:
-            hits = [(0, line) for line in lines
-                    if line.startswith(prefix) and line[at : line.find(b'"', at)] not in passed_over]  # fmt: skip
-        for lineno, line in hits:
+            hits = [(0, line, cut) for line in lines
+                    if line.startswith(prefix) and (cut := line[at : line.find(b'"', at)]) not in passed_over]  # fmt: skip
+        for lineno, line, cut in hits:
             if wanted_raw is not None:
-                cut = line[at : line.find(b'"', at)]
                 if cut not in wanted_raw and b"\\" not in cut:  # neither wanted nor known: in flight at the end
                     look.orphans += 1
                     continue
@@ -574,22 +591,9 @@ class _Half:
         return len(found)
 
     def _read_here(self, by_request: dict[Any, list[Segment]], look: _Looking) -> int:
-        decode_segment = segment_decoder()
-        read = 0
         with open(self.name, "rb") as stream:
             stream.seek(self.start)
-            for _, d, line in _deferred_hits(_line_blocks(stream), look):
-                bucket = by_request.get(d["request_id"])
-                try:
-                    segment = decode_segment(d, line, None if bucket is None else bucket[0][0])
-                except (KeyError, TypeError, ValueError, IndexError):
-                    continue
-                if bucket is None:
-                    by_request[segment[0]] = [segment]
-                else:
-                    bucket.append(segment)
-                read += 1
-        return read
+            return _add_deferred(_line_blocks(stream), look, by_request)
 
 
 def _forked_half(name: str, look: _Looking) -> _Half | None:
