@@ -347,9 +347,18 @@ def test_postgresql_and_redis_going_away_and_coming_back(tmp_path: Path, proxies
         in_flight = [r for r in unmarked if r.start_ns <= cut_ns + IN_FLIGHT_MARGIN_NS <= r.end_ns + IN_FLIGHT_MARGIN_NS]
         assert in_flight == unmarked and len(unmarked) <= CLIENTS_PER_ENDPOINT, (endpoint, unmarked, [segments.get(r.request_id) for r in unmarked])
         marked[endpoint] = dict(types) | ({"(none: in flight at the cut)": len(unmarked)} if unmarked else {})
-        # each exception class the service saw is named on a segment (SQLAlchemy wraps the driver's under the same name)
-        seen = {a.body["error"].rsplit(".", 1)[-1] for a in failed}
-        assert seen <= set(types), (endpoint, seen, types)
+        # each exception class the service saw is named on a segment (SQLAlchemy wraps the driver's under the same name);
+        # a request in flight at the cut may have failed unmarked, as above: at most that many answers name a class no
+        # segment names (asyncpg's ConnectionDoesNotExistError, raised when the cut connection is released)
+        def error_class(answer: Answer) -> str:
+            return str(answer.body["error"]).rsplit(".", 1)[-1]
+
+        at_cut = hooked.cut_at + IN_FLIGHT_MARGIN_NS / 1e9
+        in_flight_at_cut = [a for a in failed if a.sent <= at_cut]
+        seen_after = {error_class(a) for a in failed if a.sent > at_cut}
+        assert seen_after <= set(types), (endpoint, seen_after, types)
+        unnamed = [a for a in in_flight_at_cut if error_class(a) not in types]
+        assert len(unnamed) <= len(unmarked), (endpoint, [a.body for a in unnamed], types, len(unmarked))
     figures["error_types_on_segments"] = marked
 
     # 4. After recovery: the probe's requests are recorded with their normal segments, no error.
