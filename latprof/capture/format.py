@@ -174,6 +174,59 @@ def _decode_request(d: dict[str, Any]) -> Request:
     )
 
 
+RequestDecoder = Callable[[dict[str, Any], "bytes | None"], Request]
+
+
+def request_decoder() -> RequestDecoder:
+    """A decoder of request lines for one capture file: `decode(d, line=None)`, as `_decode_request`.
+
+    What repeats across a million requests is kept once: routes, pids and - given the raw `line` -
+    the attribute dict of each distinct attribute text (up to `ATTRS_CACHE_MAX`; most requests of
+    a route carry the same few attributes), as `segment_decoder` does for segments.
+    """
+    shared: dict[Any, Any] = {}
+    attrs_cache: dict[bytes, dict[str, Any]] = {}
+    new_tuple = tuple.__new__
+
+    def decode(d: dict[str, Any], line: bytes | None = None) -> Request:
+        cpu = d.get("cpu_ns")
+        status = d.get("status_code")
+        request_id = d["request_id"]
+        if type(request_id) is not str:
+            raise TypeError("request_id must be a string")
+        attrs = d.get("attrs")
+        if attrs is None:
+            attrs = NO_ATTRS
+        elif type(attrs) is not dict:
+            raise TypeError("attrs must be a JSON object")
+        else:
+            at = -1 if line is None else line.find(b'"attrs":')
+            if at >= 0:
+                key = line[at:]  # type: ignore[index]  # `line` is not None when `at` is found
+                cached = attrs_cache.get(key)
+                if cached is not None:
+                    attrs = cached
+                elif len(attrs_cache) < ATTRS_CACHE_MAX:
+                    attrs_cache[key] = attrs
+        route = str(d["route"])
+        pid = int(d["pid"])
+        return new_tuple(
+            Request,
+            (
+                request_id,
+                shared.setdefault(route, route),
+                int(d["start_ns"]),
+                int(d["end_ns"]),
+                shared.setdefault(pid, pid),
+                None if cpu is None else int(cpu),
+                None if status is None else int(status),
+                attrs,
+            ),
+        )
+
+    return decode
+
+
 SegmentDecoder = Callable[[dict[str, Any], "bytes | None", Any], Segment]
 
 

@@ -13,7 +13,15 @@ from typing import IO, Any, Callable, Collection, Iterable, Iterator, Mapping, N
 import orjson
 
 from latprof.capture.files import GZIP_MAGIC, open_input, skip_blank_lines
-from latprof.capture.format import DECODERS, HEADER_CLOSES, SCHEMA, SCHEMA_PREFIX, SOURCE_KINDS, segment_decoder
+from latprof.capture.format import (
+    DECODERS,
+    HEADER_CLOSES,
+    SCHEMA,
+    SCHEMA_PREFIX,
+    SOURCE_KINDS,
+    request_decoder,
+    segment_decoder,
+)
 from latprof.errors import InputError, SchemaVersionError
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.collectors.traces import jaeger_json, otlp_json, otlp_proto, zipkin_json
@@ -227,8 +235,8 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
     JSONDecodeError = orjson.JSONDecodeError
     by_request = data.segments_by_request
     requests_append = data.requests.append
-    decode_request = DECODERS["request"]
-    decode_segment = segment_decoder()  # one per file: it shares what repeats across its lines
+    decode_request = request_decoder()  # one per file, as the segments': it shares what repeats across its lines
+    decode_segment = segment_decoder()
     seen_header = False
     torn: tuple[int, str] | None = None  # a bad line is fatal unless it turns out to be the last
     unknown_types: dict[str, int] = {}
@@ -263,7 +271,7 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
                     if deferring is not None:  # where it stood, for the second pass to keep the file's order
                         data.read_early.setdefault(d["request_id"], []).append((len(data.inputs), lineno))
                 elif kind == "request":
-                    requests_append(decode_request(d))  # type: ignore[arg-type]
+                    requests_append(decode_request(d, line))
                 elif kind == "header":
                     _check_header(path, lineno, d)
                     seen_header = True
