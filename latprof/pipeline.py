@@ -11,7 +11,7 @@ from latprof.analysis.explain import Explanation, explain_requests
 from latprof.analysis.requests import DEFAULT_MIN_TAIL_EXCESS_MS, DEFAULT_WARMUP_S, MIN_REQUESTS_FOR_VERDICT, Analysis, analyze
 from latprof.capture.files import gc_paused
 from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
-from latprof.analysis.cohort_first import DEFAULT_SAMPLE_REQUESTS, MAX_READ_SHARE, Pick, analyze_picked, pick
+from latprof.analysis.cohort_first import DEFAULT_COHORT_CAP, DEFAULT_SAMPLE_REQUESTS, MAX_READ_SHARE, Pick, analyze_picked, pick
 from latprof.capture.reader import read_captures, read_deferred_segments
 from latprof.ci.config import Config
 from latprof.engine import Finding, Rule, all_rules, configured, run_rules
@@ -55,6 +55,7 @@ def run_diagnosis(
     exact: bool = False,
     sample_requests: int = DEFAULT_SAMPLE_REQUESTS,
     max_read_share: float = MAX_READ_SHARE,
+    cohort_cap: int = DEFAULT_COHORT_CAP,
 ) -> Diagnosis:
     """Read the captures (or trace files) at `paths`, analyse them and run the rules: on the
     request analysis, or on the sample analysis of an attach capture (`Rule.judge_samples`).
@@ -71,7 +72,8 @@ def run_diagnosis(
     A large capture is analysed cohort-first (`latprof.analysis.cohort_first`): every
     request's latency, then the segments of the cohorts, of each window's tail and of a sample of
     about `sample_requests` others; `exact` reads every segment (trace files always are).
-    `max_read_share` is the share of requests above which every segment is read anyway.
+    `max_read_share` is the share of requests above which every segment is read anyway;
+    `cohort_cap` the most requests read of one cohort (a larger one is read as a sample).
     """
     if source_kind is not None and source_kind not in SOURCE_KINDS:
         raise ValueError(f"source_kind must be one of {SOURCE_KINDS}, not {source_kind!r}")
@@ -87,7 +89,8 @@ def run_diagnosis(
         chosen: Pick | None = None
         if data.deferred_segments:  # the first pass of a cohort-first read: pick what to read of the segments
             if timeline.source_kind not in TRACE_SOURCES and timeline.source_kind != "attach":
-                chosen = pick(timeline, warmup_s, sample_requests=sample_requests, max_read_share=max_read_share)
+                chosen = pick(timeline, warmup_s, sample_requests=sample_requests, max_read_share=max_read_share,
+                              cohort_cap=cohort_cap)  # fmt: skip
             read_deferred_segments(data, None if chosen is None else chosen.wanted_ids(timeline))
             timeline = build_timeline(data)
             if source_kind is not None:

@@ -58,6 +58,12 @@ DEFAULT_SAMPLE_REQUESTS = 10_000
 #: When the requests picked are more than this share of all, every segment is read: the second
 #: pass costs about the same, and the analysis is then exact.
 MAX_READ_SHARE = 0.6
+#: The most requests whose segments are read for one cohort (the slowest 1%, the slowest 5%,
+#: the median cohort, the windows' tails): a larger cohort is read as a deterministic sample of
+#: about this many, each standing for the k requests of its cohort it was drawn from, so the
+#: segments held stay bounded whatever the capture's size. The cohorts of a capture of up to
+#: about 100,000 requests (1M spans of ten) are read whole.
+DEFAULT_COHORT_CAP = 20_000
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,13 @@ class Pick:
 
     kept: list[int]  # indices into timeline.requests of the requests kept after warm-up
     read: list[int]  # indices into `kept` of the requests to materialise, ascending
-    sampled: frozenset[int]  # those of `read` in the sample (the others are certain: cohorts, window tails)
+    sampled: frozenset[int]  # those of `read` in the sample of the others (not in a cohort or a window's tail)
     one_in: int
+    #: Each read request's weight in the sample it was drawn from: 1 for a cohort read whole,
+    #: k for a capped cohort read 1 in k, `one_in` for the sample of the others.
+    factor: dict[int, int]
+    #: The cohorts read as a sample (`DEFAULT_COHORT_CAP`): name -> (requests in it, one in k read).
+    capped: dict[str, tuple[int, int]]
     # what the pick was made from, for the analysis (all of them over `kept`)
     latencies: list[float]
     weights: list[int] | None
@@ -91,10 +102,18 @@ def pick(
     *,
     sample_requests: int = DEFAULT_SAMPLE_REQUESTS,
     max_read_share: float = MAX_READ_SHARE,
+    cohort_cap: int = DEFAULT_COHORT_CAP,
 ) -> Pick | None:
     """The requests a cohort-first analysis of `timeline` (its requests' roots, segments not read
     yet) materialises, or None when that would be more than `max_read_share` of them (read
-    everything then). See the module's docstring for what is picked."""
+    everything then). See the module's docstring for what is picked.
+
+    The kept requests fall into strata, each request into the first that holds it: each window's
+    slowest (read whole), the slowest 1%, the slowest 5%, the median cohort, the requests at or
+    above their window's p99 (each read whole up to `cohort_cap` requests, else 1 in k by the
+    hash of the request id), and the others (1 in `one_in`, about `sample_requests` of them).
+    A request read stands for the requests of its stratum it was drawn from (`Pick.factor`).
+    """
     requests = timeline.requests
     kept = kept_indices(requests, warmup_s)
     if not kept:
@@ -103,18 +122,39 @@ def pick(
     latencies = [(r.end_ns - r.start_ns) / NS_PER_MS for r in roots]
     weights = _weights(timeline, kept)
     groups = cohorts(latencies, weights)
-    certain = set(groups.tail) | set(groups.tail5) | set(groups.median)
     wins = windows([requests[i] for i in kept], latencies, weights=weights)
-    certain.update(_window_tails(roots, wins, latencies))
-    rest = len(kept) - len(certain)
+    slowest, window_tails = _window_tails(roots, wins, latencies)
+    factor: dict[int, int] = dict.fromkeys(slowest, 1)
+    assigned = set(slowest)
+    capped: dict[str, tuple[int, int]] = {}
+    strata = (("tail", groups.tail), ("tail5", groups.tail5), ("median", groups.median), ("window_tails", window_tails))
+    for name, members in strata:
+        own = [i for i in dict.fromkeys(members) if i not in assigned]
+        assigned.update(own)
+        k = math.ceil(len(own) / cohort_cap) if len(own) > cohort_cap else 1
+        if k > 1:
+            capped[name] = (len(set(members)), k)
+        factor.update((i, k) for i in own if k == 1 or in_sample(roots[i].request_id, k))
+    rest = len(kept) - len(assigned)
     one_in = max(1, math.ceil(rest / max(1, sample_requests)))
-    if one_in == 1:
+    if one_in == 1 and not capped:
         return None
-    sampled = frozenset(i for i in range(len(kept)) if i not in certain and in_sample(roots[i].request_id, one_in))
-    read = sorted(certain | sampled)
+    sampled = frozenset(
+        i for i in range(len(kept)) if i not in assigned and (one_in == 1 or in_sample(roots[i].request_id, one_in))
+    )
+    factor.update(dict.fromkeys(sampled, one_in))
+    read = sorted(factor)
     if len(read) > max_read_share * len(kept):
         return None
-    return Pick(kept, read, sampled, one_in, latencies, weights, groups, wins)
+    if capped:
+        groups = Cohorts(*(_drawn(cohort, factor) for cohort in (groups.median, groups.tail, groups.tail5)))
+    return Pick(kept, read, sampled, one_in, factor, capped, latencies, weights, groups, wins)
+
+
+def _drawn(cohort: tuple[int, ...], factor: dict[int, int]) -> tuple[int, ...]:
+    """A cohort as read: each request read in it as often as the requests it stands for (the
+    weighted-cohort form of `Cohorts`); those not read are left out."""
+    return tuple(j for i in cohort if i in factor for j in (i,) * factor[i])
 
 
 def _weights(timeline: Timeline, kept: list[int]) -> list[int] | None:
@@ -124,26 +164,25 @@ def _weights(timeline: Timeline, kept: list[int]) -> list[int] | None:
     return [sample_weight(timeline.requests[i]) for i in kept]
 
 
-def _window_tails(roots: list[Request], wins: list[Window], latencies: list[float]) -> set[int]:
-    """The requests at or above their window's p99 (of `windows`), and each window's slowest: what
-    `p99_over_time` and the HTML report's tail per window are made of."""
+def _window_tails(roots: list[Request], wins: list[Window], latencies: list[float]) -> tuple[list[int], list[int]]:
+    """Each window's slowest request, and the requests at or above their window's p99 (of
+    `windows`): what `p99_over_time` and the HTML report's tail per window are made of."""
     if not wins:
-        return set()
+        return [], []
     size_ns = round((wins[0].end_unix_s - wins[0].start_unix_s) * NS_PER_S)
     origin = round(wins[0].start_unix_s * NS_PER_S)
     slowest: dict[int, int] = {}
-    out: set[int] = set()
+    out: list[int] = []
     for i, root in enumerate(roots):
         k = (root.start_ns - origin) // size_ns if size_ns > 0 else 0
         if not 0 <= k < len(wins):
             continue
         p99 = wins[k].p99_ms
         if p99 is not None and latencies[i] >= p99:
-            out.add(i)
+            out.append(i)
         if k not in slowest or latencies[i] > latencies[slowest[k]]:
             slowest[k] = i
-    out.update(slowest.values())
-    return out
+    return sorted(slowest.values()), out
 
 
 def analyze_picked(
@@ -164,14 +203,12 @@ def analyze_picked(
         tail=tuple(position[i] for i in groups.tail),
         tail5=tuple(position[i] for i in groups.tail5),
     )
-    picked_weights = [
-        (1 if weights is None else weights[i]) * (chosen.one_in if i in chosen.sampled else 1) for i in chosen.read
-    ]
+    picked_weights = [(1 if weights is None else weights[i]) * chosen.factor[i] for i in chosen.read]
     sampled_note = [] if weights is None else [sampling_warning(len(all_kept), sum(weights))]
     skipped = warmup_skipped
     if weights is not None:
         skipped = sum(map(sample_weight, requests)) - sum(weights)
-    population = Population(roots, weights, len(picked), len(chosen.sampled), chosen.one_in)
+    population = Population(roots, weights, len(picked), len(chosen.sampled), chosen.one_in, chosen.capped)
     return Analysis(
         timeline=timeline,
         requests=picked,
@@ -197,16 +234,23 @@ def estimated(analysis: Analysis) -> dict[str, Any] | None:
     population = analysis.population
     if population is None:
         return None
-    return {
+    exact = ["latency_ms", "p99_over_time", "window"]
+    cohort_based = ["layers.tail_excess_ms", "layers.share_of_tail_excess", "verdict.share_of_tail_excess"]
+    out: dict[str, Any] = {
         "method": "cohort-first",
         "requests": population.represented,
         "requests_read": population.materialised,
         "sample_requests": population.sampled,
         "sample_one_in": population.one_in,
-        "exact": ["latency_ms", "p99_over_time", "window", "layers.tail_excess_ms", "layers.share_of_tail_excess",
-                  "verdict.share_of_tail_excess"],
-        "estimated": ["layers.p50_ms", "layers.p99_ms", "coverage", "sums over all requests in findings' evidence"],
-    }  # fmt: skip
+        "exact": exact if population.capped else exact + cohort_based,
+        "estimated": ["layers.p50_ms", "layers.p99_ms", "coverage", "sums over all requests in findings' evidence"]
+        + (cohort_based if population.capped else []),
+    }
+    if population.capped:
+        out["cohorts_sampled"] = {
+            name: {"requests": requests, "sample_one_in": k} for name, (requests, k) in population.capped.items()
+        }
+    return out
 
 
-__all__ = ["DEFAULT_SAMPLE_REQUESTS", "MAX_READ_SHARE", "Pick", "analyze_picked", "estimated", "in_sample", "pick"]
+__all__ = ["DEFAULT_COHORT_CAP", "DEFAULT_SAMPLE_REQUESTS", "MAX_READ_SHARE", "Pick", "analyze_picked", "estimated", "in_sample", "pick"]

@@ -602,6 +602,9 @@ class Population:
     #: Of the other requests, those in the sample (one in `one_in`, by a hash of the request id).
     sampled: int
     one_in: int
+    #: The cohorts too large to read whole, read as a sample (`cohort_first.DEFAULT_COHORT_CAP`):
+    #: name ("tail", "tail5", "median", "window_tails") -> (requests in it, one in k read).
+    capped: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def represented(self) -> int:

@@ -10,6 +10,7 @@ the whole suite is also compared with its cohort-first twin (tests/conftest.py).
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from latprof.cli import main
 from latprof.events import Request, Segment
 from latprof.layers import DB_POOL, DB_QUERY, PROVIDER
 from latprof.pipeline import run_diagnosis
+from latprof.report.renderers.report_common import estimated_line
 from latprof.semconv import SAMPLE_WEIGHT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,6 +123,48 @@ def test_segments_are_read_only_for_the_picked_requests(capture: Path) -> None:
     with_segments = {rt.request.request_id for rt in analysis.timeline.requests if rt.segments}
     assert with_segments == {rt.request.request_id for rt in analysis.requests}
     assert all(len(rt.segments) == 9 for rt in analysis.requests)
+
+
+def test_cohorts_above_the_cap_are_read_as_a_sample_and_said_to_be(capture: Path) -> None:
+    """With a cap of 50 requests a cohort, the median cohort (~590) and the slowest 5% beyond the 1% are read 1 in
+    k by hash, each request read standing for k; the slowest 1% (~30) is read whole. The segments held are bounded
+    by the caps and the sample, the verdict is the full analysis's, and the tail numbers - estimated now - say so."""
+    full_diagnosis = run_diagnosis([capture], exact=True)
+    assert full_diagnosis.analysis is not None
+    exact_groups = full_diagnosis.analysis.groups
+    full = full_diagnosis.report.to_dict()
+    diagnosis = run_diagnosis([capture], sample_requests=300, cohort_cap=50)
+    analysis = diagnosis.analysis
+    assert analysis is not None and analysis.population is not None
+    capped = analysis.population.capped
+    assert capped == {"median": (len(exact_groups.median), math.ceil(len(exact_groups.median) / 50)),
+                      "tail5": (len(exact_groups.tail5), 2)}, capped  # fmt: skip
+    groups = analysis.groups
+    # the slowest 1% read whole, each once; a drawn cohort counts each request read as the k it stands for
+    assert len(groups.tail) == len(set(groups.tail)) == len(exact_groups.tail)
+    assert len(set(groups.median)) == pytest.approx(50, rel=0.4)
+    assert len(groups.median) == pytest.approx(len(exact_groups.median), rel=0.25)
+    assert len(groups.tail5) == pytest.approx(len(exact_groups.tail5), rel=0.25)
+    # read: the 1%, each window's slowest, ~50 of each capped stratum, the windows' tails, ~300 others
+    assert analysis.population.materialised <= len(groups.tail) + len(analysis.windows) + 3 * 100 + 400
+    assert analysis.population.materialised < 0.15 * len(analysis.population.requests)
+    report = diagnosis.report.to_dict()
+    assert report["verdict"]["layer"] == full["verdict"]["layer"]
+    assert [f["rule"] for f in report["findings"]] == [f["rule"] for f in full["findings"]]
+    for key in ("latency_ms", "window", "p99_over_time"):
+        assert report[key] == full[key], key
+    exact_rows = _tail_numbers(full)
+    big = {layer for layer, (excess, _share) in exact_rows.items() if excess > 50}
+    assert big
+    for layer in big:
+        assert _tail_numbers(report)[layer][0] == pytest.approx(exact_rows[layer][0], rel=0.2), layer
+    said = report["collection"]["estimated"]
+    assert said["cohorts_sampled"]["median"] == {"requests": capped["median"][0], "sample_one_in": capped["median"][1]}
+    assert "layers.tail_excess_ms" in said["estimated"] and "layers.tail_excess_ms" not in said["exact"]
+    assert run_diagnosis([capture], sample_requests=300, cohort_cap=50).report.to_dict() == report
+    line = estimated_line(said)
+    assert line is not None and f"median cohort 1 in {capped['median'][1]} of {capped['median'][0]:,}" in line
+    assert "tail numbers are estimated too" in line
 
 
 def _write(path: Path, events: list[Request | Segment]) -> Path:

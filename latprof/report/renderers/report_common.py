@@ -106,9 +106,20 @@ def estimated_line(estimated: Any) -> str | None:
     """One line on what a cohort-first analysis (`collection.estimated`) read and estimated; None for an exact one."""
     if not isinstance(estimated, dict):
         return None
-    return (
+    head = (
         f"cohort-first: segments read for {estimated.get('requests_read', 0):,} of {estimated.get('requests', 0):,}"
         " requests (the slowest 5%, the median cohort, each window's tail); the layers' p50/p99 and coverage are"
         f" estimated from a sample of {estimated.get('sample_requests', 0):,} others (1 in"
-        f" {estimated.get('sample_one_in', 1)}); the verdict and tail numbers are exact (--exact reads everything)"
+        f" {estimated.get('sample_one_in', 1)})"
     )
+    sampled = estimated.get("cohorts_sampled")
+    if not isinstance(sampled, dict) or not sampled:
+        return head + "; the verdict and tail numbers are exact (--exact reads everything)"
+    names = {"tail": "slowest 1%", "tail5": "slowest 5%", "median": "median cohort", "window_tails": "windows' tails"}
+    parts = ", ".join(
+        f"{names.get(name, name)} 1 in {row.get('sample_one_in', 1)} of {row.get('requests', 0):,}"
+        for name, row in sampled.items() if isinstance(row, dict)
+    )  # fmt: skip
+    return head + f"; cohorts too large to read whole were sampled ({parts}): tail numbers are estimated too (--exact reads everything)"
+
+
