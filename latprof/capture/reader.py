@@ -22,6 +22,7 @@ from latprof.capture.format import (
     request_decoder,
     segment_decoder,
 )
+from latprof.capture.segment_lines import Parsed, request_id_of, segment_line_reader
 from latprof.errors import InputError, SchemaVersionError
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.collectors.traces import jaeger_json, otlp_json, otlp_proto, zipkin_json
@@ -487,18 +488,17 @@ def _add_deferred(
     it holds; how many. A segment of a request in `early` (some of whose segments the first pass
     read) goes to `late` with where it stood, for the caller to put in file order. A stream that
     breaks off (a truncated gzip file) ends it: the first pass warned; what came before counts."""
-    decode_segment = segment_decoder()
+    parse, build = segment_line_reader()
     read = 0
     try:
-        for lineno, d, line in _deferred_hits(blocks, look, with_lines=bool(early)):
-            request_id = d["request_id"]
+        for lineno, request_id, parsed, line in _deferred_hits(blocks, look, parse, with_lines=bool(early)):
             bucket = by_request.get(request_id)
             try:
                 if bucket is None:
-                    segment = decode_segment(d, line, None)
+                    segment = build(parsed, line, None)
                     by_request[segment[0]] = [segment]
                 else:
-                    segment = decode_segment(d, line, bucket[0][0])
+                    segment = build(parsed, line, bucket[0][0])
                     if late is not None and request_id in early:
                         late.setdefault(request_id, []).append(((file_number, lineno), segment))
                     else:
@@ -525,10 +525,12 @@ class _Looking:
         self.orphans = 0
 
 
-def _deferred_hits(blocks: Iterable[_Block], look: _Looking, with_lines: bool = False) -> Iterator[tuple[int, dict[str, Any], bytes]]:
-    """(line number when `with_lines`, else 0; the parsed line; the line) of each deferred segment line
-    of a wanted request in `blocks`, in order; lines of unknown requests are counted in `look.orphans`."""
-    loads = orjson.loads
+def _deferred_hits(
+    blocks: Iterable[_Block], look: _Looking, parse: Callable[[bytes], Parsed], with_lines: bool = False
+) -> Iterator[tuple[int, str, Parsed, bytes]]:
+    """(line number when `with_lines`, else 0; the request id; the line parsed by `parse`; the line) of
+    each deferred segment line of a wanted request in `blocks`, in order; lines of unknown requests
+    are counted in `look.orphans`."""
     prefix = SEGMENT_LINE_PREFIX
     at = len(prefix)
     passed_over, wanted_raw, wanted = look.passed_over, look.wanted_raw, look.wanted
@@ -547,8 +549,8 @@ def _deferred_hits(blocks: Iterable[_Block], look: _Looking, with_lines: bool = 
                     look.orphans += 1
                     continue
             try:
-                d = loads(line)
-                request_id = d["request_id"]
+                parsed = parse(line)
+                request_id = request_id_of(parsed)
                 if wanted is not None and request_id not in wanted:  # an id with an escaped character
                     if look.known_ids is None:
                         look.known_ids = {request.request_id for request in look.requests}
@@ -559,7 +561,7 @@ def _deferred_hits(blocks: Iterable[_Block], look: _Looking, with_lines: bool = 
                     continue
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue
-            yield lineno, d, line
+            yield lineno, request_id, parsed, line
 
 
 #: A plain capture smaller than this is read by one process: a fork costs more than it saves.
@@ -631,14 +633,14 @@ def _forked_half(name: str, look: _Looking) -> _Half | None:
         code = 1
         try:
             os.close(read_end)
-            decode_segment = segment_decoder()
+            parse, build = segment_line_reader()
             shared: dict[str, str] = {}
             found: list[tuple[Any, ...]] = []
             with open(name, "rb") as stream:
                 stream.seek(start)
-                for _, d, line in _deferred_hits(_line_blocks(stream), look):
+                for _, request_id, parsed, line in _deferred_hits(_line_blocks(stream), look, parse):
                     try:
-                        segment = decode_segment(d, line, shared.setdefault(d["request_id"], d["request_id"]))
+                        segment = build(parsed, line, shared.setdefault(request_id, request_id))
                     except (KeyError, TypeError, ValueError, IndexError):
                         continue
                     found.append(tuple(segment))

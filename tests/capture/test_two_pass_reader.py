@@ -128,10 +128,48 @@ def test_a_torn_last_segment_line_is_warned_about_once_and_not_read(tmp_path: Pa
     assert two.deferred_segments == 6 and two.orphan_deferred == 0
 
 
+# Segment lines in the writer's form (its prefix) written otherwise than the writer writes them: the general
+# reader takes each (a number in a string, a float, a bool, a key it does not know, an integer past 63 bits,
+# null or missing attributes, a key written with an escape, a key twice), and the second pass - which decodes
+# the writer's plain form with msgspec and the rest the general way - must read each as it does.
+_HEAD = '{"type":"segment","request_id":"r1","segment_id":"x","parent_id":null,"name":"SELECT 1","layer":"db.query",'
+ODD_SEGMENT_LINES = {
+    "plain": _HEAD + '"start_ns":5,"end_ns":9,"pid":7,"attrs":{"k":"v"}}',
+    "number-in-a-string": _HEAD + '"start_ns":"5","end_ns":9,"pid":7}',
+    "float": _HEAD + '"start_ns":5.0,"end_ns":9.75,"pid":7}',
+    "bool-pid": _HEAD + '"start_ns":5,"end_ns":9,"pid":true}',
+    "unknown-key": _HEAD + '"start_ns":5,"end_ns":9,"pid":7,"note":[1,{"a":null}],"attrs":{}}',
+    "past-63-bits": _HEAD + '"start_ns":5,"end_ns":18446744073709551615,"pid":7}',
+    "past-64-bits": _HEAD + '"start_ns":5,"end_ns":184467440737095516150,"pid":7}',
+    "null-attrs": _HEAD + '"start_ns":5,"end_ns":9,"pid":7,"attrs":null}',
+    "escaped-key": _HEAD + '"start_ns":5,"end_ns":9,"p\\u0069d":8}',
+    "key-twice": _HEAD + '"start_ns":5,"end_ns":9,"pid":7,"name":"SELECT 2","attrs":{"a":1,"a":2}}',
+    "big-int-in-attrs": _HEAD + '"start_ns":5,"end_ns":9,"pid":7,"attrs":{"n":18446744073709551616}}',
+    "whitespace": _HEAD + '"start_ns": 5 ,"end_ns":9,"pid":7,"attrs": { "k" : "v" } }',
+}
+
+
+@pytest.mark.parametrize("odd", list(ODD_SEGMENT_LINES), ids=list(ODD_SEGMENT_LINES))
+def test_a_segment_line_written_otherwise_is_read_by_the_second_pass_as_the_full_read_does(tmp_path: Path, odd: str) -> None:
+    events = capture_events(["r1", "r2"])
+    path = write(tmp_path / "c.jsonl", [header(), ODD_SEGMENT_LINES[odd].encode(), *map(line, events)])
+    full = read_captures([path])
+    odd_segment = full.segments_by_request["r1"][0]
+    assert odd_segment.segment_id == "x", full.segments_by_request["r1"]
+    two = two_pass(path, {"r1"})
+    assert two.segments_by_request == {"r1": full.segments_by_request["r1"]}
+    assert [type(v) for v in two.segments_by_request["r1"][0]] == [type(v) for v in odd_segment]
+    assert_same_but_segments(full, two)
+
+
 @pytest.mark.parametrize("bad", [
     pytest.param(b',"layer":"no.such.layer"}', id="unknown-layer"),
     pytest.param(b',"start_ns":"soon"}', id="bad-number"),
     pytest.param(b',oops}', id="not-json"),
+    # a key the writer does not write, whose value orjson refuses: msgspec would skip it unchecked
+    pytest.param(b',"note":"\xff\xfe"}', id="not-utf8-in-an-unknown-key"),
+    pytest.param(b',"note":1e400}', id="out-of-range-float-in-an-unknown-key"),
+    pytest.param(b',"attrs":' + b'[' * 1100 + b']' * 1100 + b'}', id="attrs-nested-too-deep"),
 ])  # fmt: skip
 def test_a_malformed_segment_line_in_the_writers_form_is_skipped_by_the_two_passes(tmp_path: Path, bad: bytes) -> None:
     """A malformed segment line in the middle of a capture, in the writer's form (its prefix, its
