@@ -22,7 +22,7 @@ from latprof.capture.format import (
     request_decoder,
     segment_decoder,
 )
-from latprof.capture.segment_lines import Parsed, request_id_of, segment_line_reader
+from latprof.capture.segment_lines import Parsed, SegmentLine, request_id_of, segment_line_reader
 from latprof.errors import InputError, SchemaVersionError
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.collectors.traces import jaeger_json, otlp_json, otlp_proto, zipkin_json
@@ -238,6 +238,8 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
     requests_append = data.requests.append
     decode_request = request_decoder()  # one per file, as the segments': it shares what repeats across its lines
     decode_segment = segment_decoder()
+    parse_segment, build_segment = segment_line_reader()
+    segment_prefix = SEGMENT_LINE_PREFIX
     seen_header = False
     torn: tuple[int, str] | None = None  # a bad line is fatal unless it turns out to be the last
     unknown_types: dict[str, int] = {}
@@ -259,7 +261,18 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
                     continue
                 raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the capture is damaged before its end")
             try:
-                d = loads(line)
+                d = parse_segment(line) if line.startswith(segment_prefix) else loads(line)
+                if isinstance(d, SegmentLine):  # the writer's plain form, decoded by msgspec
+                    bucket = by_request.get(d.request_id)
+                    if bucket is None:
+                        segment = build_segment(d, line, None)
+                        by_request[segment[0]] = [segment]
+                    else:
+                        bucket.append(build_segment(d, line, bucket[0][0]))
+                    segments += 1
+                    if deferring is not None:
+                        data.read_early.setdefault(d.request_id, []).append((len(data.inputs), lineno))
+                    continue
                 kind = d["type"]
                 if kind == "segment":
                     bucket = by_request.get(d["request_id"])

@@ -1,5 +1,6 @@
-"""Segment lines decoded by msgspec into their fields in one C pass, for the second pass of a
-cohort-first read (`latprof.capture.reader.read_deferred_segments`).
+"""Segment lines decoded by msgspec into their fields in one C pass: the capture reader's way
+for a segment line in the writer's form (`latprof.capture.reader`, both passes of a
+cohort-first read and the full read).
 
 The general reader parses a line with orjson into a dict and builds the `Segment` from it
 (`latprof.capture.format.segment_decoder`): a dict, its keys and values made and dropped for
@@ -89,7 +90,10 @@ def segment_line_reader() -> tuple[Callable[[bytes], Parsed], Callable[[Parsed, 
         else:
             attrs = attrs_cache.get(raw)
             if attrs is None:
-                attrs = loads(raw)
+                try:
+                    attrs = loads(raw)
+                except orjson.JSONDecodeError:  # msgspec passed it over: the line's own error, as the general reader gives it
+                    return general(loads(line), line, request_id)
                 if type(attrs) is not dict:
                     raise TypeError("attrs must be a JSON object")
                 if len(attrs_cache) < ATTRS_CACHE_MAX:
