@@ -39,6 +39,46 @@ class TraceRead:
     documents: int = 0
 
 
+def cached_trace_id(raw: Any, trace_ids: dict[Any, str], new_ids: list[str]) -> str:
+    """A plain trace id as the OTLP JSON readers take it in line: the cached string of `raw`, or `raw`
+    itself cached and listed in `new_ids` (its hex is checked with the line's other ids, joined);
+    ValueError (or TypeError) for one that is not 32 characters."""
+    trace_id = trace_ids.get(raw)
+    if trace_id is None:
+        if len(raw) != 32:
+            raise ValueError
+        new_ids.append(raw)
+        trace_id = trace_ids[raw] = raw
+    return trace_id
+
+
+def cached_parent_id(raw: Any, parent_ids: dict[str, str], new_ids: list[str]) -> str | None:
+    """A plain parent span id as `cached_trace_id` takes a trace id: None for none (empty, or all zero)."""
+    if not raw:
+        return None
+    known = parent_ids.get(raw)
+    if known is not None:
+        return known
+    if len(raw) != 16:
+        raise ValueError
+    if raw == ZERO_SPAN_ID:
+        return None
+    new_ids.append(raw)
+    parent_ids[raw] = raw
+    return raw  # type: ignore[no-any-return]
+
+
+def trim_caches(shared: dict[str, str], parent_ids: dict[str, str], trace_ids: dict[Any, str]) -> None:
+    """Empty a reader's caches grown past `SHARED_MAX` (many distinct values: stop paying for what is not
+    shared; ids seen again are checked again)."""
+    if len(shared) > SHARED_MAX:
+        shared.clear()
+    if len(parent_ids) > SHARED_MAX:
+        parent_ids.clear()
+    if len(trace_ids) > 4 * SHARED_MAX:
+        trace_ids.clear()
+
+
 def sniff_text(head: bytes) -> bytes:
     """A file's head after a UTF-8 byte order mark and whitespace: where a sniff looks for JSON."""
     return (head[len(UTF8_BOM):] if head.startswith(UTF8_BOM) else head).lstrip()

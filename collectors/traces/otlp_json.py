@@ -20,7 +20,9 @@ exporters write (lowercase hex ids, decimal-string times, integer kinds, string 
 attribute values) in line, and hands anything else to `_careful_span`, which decides what the
 span means or why it is skipped. The fast path must never accept what the careful one would
 read differently; it may only send more spans to it (tests/collectors/traces/test_otlp_json.py
-reads junk both ways and compares).
+reads junk both ways and compares). Before that, in line mode, a line after the first in the
+plain shape is decoded by msgspec straight into structs and read from them
+(`otlp_msgspec`): no dict per span and attribute; any other line is read as before.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ from typing import IO, Any, Mapping
 import orjson
 
 from latprof.capture.files import gc_paused, open_input, skip_blank_lines
-from latprof.collectors.traces._tracefile import SHARED_MAX as _SHARED_MAX, UTF8_BOM as _UTF8_BOM, ReaderState, TraceRead
+from latprof.collectors.traces._tracefile import UTF8_BOM as _UTF8_BOM, ReaderState, TraceRead
 from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID, has_key
+from latprof.collectors.traces._tracefile import cached_parent_id, cached_trace_id, trim_caches
 from latprof.collectors.traces._tracefile import first_keys as _first_keys, sniff_text as _sniff_text
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
 from latprof.collectors.traces.spans import KIND_NAMES, STATUS_NAMES, STATUS_UNSET, Span, SpanEvent, SpanLink
+from latprof.collectors.traces.otlp_msgspec import line_reader
 
 #: How far into a file `sniff` looks for the top-level key.
 _SNIFF_KEY_WINDOW = 512
@@ -64,6 +68,9 @@ _SNAKE_TO_CAMEL = {
     "dropped_events_count": "droppedEventsCount",
     "dropped_links_count": "droppedLinksCount",
 }
+#: Read the lines after the first that are in the plain shape with msgspec (`otlp_msgspec`); False reads
+#: every line the general way (the tests read files both ways and compare).
+MSGSPEC_LINES = True
 _SIGNAL_KEYS = (
     "resourceMetrics", "resource_metrics", "resourceLogs", "resource_logs",
     "resourceProfiles", "resource_profiles",
@@ -301,6 +308,7 @@ class _Reader(ReaderState):
         JSONDecodeError = orjson.JSONDecodeError
         take = self._take
         take(first_doc)
+        read_plain = line_reader(self) if MSGSPEC_LINES else None
         torn: tuple[int, str] | None = None
         for line in stream:
             lineno += 1
@@ -309,6 +317,8 @@ class _Reader(ReaderState):
                 if not line.strip():
                     continue
                 raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the file is damaged before its end")
+            if read_plain is not None and read_plain(line):
+                continue
             try:
                 doc = loads(line)
             except JSONDecodeError as exc:
@@ -482,35 +492,14 @@ class _Reader(ReaderState):
         ids_append = span_ids.append
         # trace and parent ids not seen before: cached at once, checked below
         new_ids: list[str] = []
-        new_ids_append = new_ids.append
         slow: list[int] | None = None
         for sp in spans:
             try:
-                raw_trace_id = sp["traceId"]
-                trace_id = trace_ids.get(raw_trace_id)
-                if trace_id is None:
-                    if len(raw_trace_id) != 32:
-                        raise ValueError
-                    new_ids_append(raw_trace_id)
-                    trace_id = trace_ids[raw_trace_id] = raw_trace_id
+                trace_id = cached_trace_id(sp["traceId"], trace_ids, new_ids)
                 span_id = sp["spanId"]
                 if len(span_id) != 16:
                     raise ValueError
-                parent_id = sp.get("parentSpanId")
-                if parent_id:
-                    known = parent_ids.get(parent_id)
-                    if known is None:
-                        if len(parent_id) != 16:
-                            raise ValueError
-                        if parent_id == zero_span:
-                            parent_id = None
-                        else:
-                            new_ids_append(parent_id)
-                            parent_ids[parent_id] = parent_id
-                    else:
-                        parent_id = known
-                else:
-                    parent_id = None
+                parent_id = cached_parent_id(sp.get("parentSpanId"), parent_ids, new_ids)
                 start = int(sp["startTimeUnixNano"])
                 end = int(sp["endTimeUnixNano"])
                 if not 0 < start <= end:
@@ -591,12 +580,7 @@ class _Reader(ReaderState):
                 rejected = rejected or span is None
             if rejected:
                 out[first:] = [span for span in out[first:] if span is not None]
-        if len(shared) > _SHARED_MAX:
-            shared.clear()  # many distinct values: stop paying for what is not shared
-        if len(parent_ids) > _SHARED_MAX:
-            parent_ids.clear()
-        if len(trace_ids) > 4 * _SHARED_MAX:
-            trace_ids.clear()  # only a cache: ids seen again are checked again
+        trim_caches(shared, parent_ids, trace_ids)
 
     def _careful_span(self, sp: Any, service: str, scope: str, resource: Mapping[str, Any]) -> Span | None:
         """The span `sp` means (any key style, id encoding, enum form), or None, its reason counted."""

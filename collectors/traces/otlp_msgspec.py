@@ -1,0 +1,337 @@
+"""OTLP JSON lines decoded by msgspec into typed structs in one C pass: the OTLP JSON reader's way
+for a line in the plain shape exporters write (`latprof.collectors.traces.otlp_json`, line mode).
+
+The general reader parses a line with orjson into dicts and walks them: a dict, its keys and
+values made and dropped for each span and each attribute of a million. msgspec decodes a line
+straight into structs of the fields OTLP/JSON defines, and the spans are built from those.
+
+Only what the general reader reads the same way, and without a warning, is taken here: an
+`ExportTraceServiceRequest` with no key but `resourceSpans` and no key OTLP/JSON does not
+define anywhere below it (lowerCamelCase only), each value of the JSON type the general
+reader's fast path expects; ids in lowercase hex of their length, not all zero (nor 16 zeros
+anywhere in the line's ids joined, as `_Reader._spans` checks them); times as decimal strings
+or integers of 64 bits, 0 < start <= end; kinds and status codes OTLP defines (numbers or
+names); `AnyValue`s of exactly one member; events with a readable time and links with
+lowercase hex ids. Anything else - an unknown key (msgspec would skip its value unchecked
+where orjson refuses bytes that are not UTF-8 or a number out of a float's range), a null, a
+float where an integer belongs, malformed JSON - makes `read_line` return False having changed
+nothing but caches, and the line goes the general way, so it means and fails the same
+(tests/collectors/traces/test_otlp_msgspec.py reads files, junk and damaged lines both ways
+and compares).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable, Mapping, Protocol, Union
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID
+from latprof.collectors.traces._tracefile import cached_parent_id, cached_trace_id, trim_caches
+from latprof.collectors.traces.spans import KIND_NAMES, STATUS_NAMES, Span, SpanEvent, SpanLink
+from latprof.events import NO_ATTRS
+
+#: An integer of 64 bits (orjson reads a larger one as a float, which the general reader may read otherwise).
+_Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+#: Span kinds and status codes by their number and by their names (as `json_format` writes them), each to its number.
+_KINDS: dict[Any, int] = {**{n: n for n in range(6)}, **KIND_NAMES}
+_STATUSES: dict[Any, int] = {**{n: n for n in range(3)}, **STATUS_NAMES}
+#: How deep arrays and kvlists may nest in a value read here: msgspec's limit is Python's recursion
+#: limit (and may be raised), orjson's is 1024 JSON levels - a line nested deeper than orjson reads
+#: must go its way and fail. 200 values deep is < 900 JSON levels, with the request's own.
+_MAX_NESTING = 200
+_HEX = "0123456789abcdef"
+_HEX_BYTES = _HEX.encode()
+
+
+class _AnyValue(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
+    """An OTLP `AnyValue`. UNSET, not None, for an absent member: the general reader drops a null one."""
+
+    stringValue: Union[str, UnsetType] = UNSET
+    intValue: Union[str, _Int, UnsetType] = UNSET
+    boolValue: Union[bool, UnsetType] = UNSET
+    doubleValue: Union[float, UnsetType] = UNSET
+    bytesValue: Union[str, UnsetType] = UNSET
+    arrayValue: Union[_ArrayValue, UnsetType] = UNSET
+    kvlistValue: Union[_KeyValueList, UnsetType] = UNSET
+
+
+class _ArrayValue(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    values: list[_AnyValue] = []
+
+
+class _KeyValueList(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    values: list[_KeyValue] = []
+
+
+class _KeyValue(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    key: str
+    value: _AnyValue
+
+
+class _Status(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    code: Union[_Int, str] = 0
+    message: str = ""
+
+
+class _Event(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
+    timeUnixNano: Union[str, _Int]
+    name: str = ""
+    attributes: list[_KeyValue] = []
+    droppedAttributesCount: _Int = 0
+
+
+class _Link(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
+    traceId: str
+    spanId: str
+    traceState: str = ""
+    attributes: list[_KeyValue] = []
+    droppedAttributesCount: _Int = 0
+    flags: _Int = 0
+
+
+class _Span(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
+    traceId: str
+    spanId: str
+    parentSpanId: str = ""
+    traceState: str = ""
+    flags: _Int = 0
+    name: str = ""
+    kind: Union[_Int, str] = 0
+    startTimeUnixNano: Union[str, _Int]
+    endTimeUnixNano: Union[str, _Int]
+    attributes: list[_KeyValue] = []
+    droppedAttributesCount: _Int = 0
+    events: list[_Event] = []
+    droppedEventsCount: _Int = 0
+    links: list[_Link] = []
+    droppedLinksCount: _Int = 0
+    status: Union[_Status, None] = None
+
+
+class _Scope(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    name: str = ""
+    version: str = ""
+    attributes: list[_KeyValue] = []
+    droppedAttributesCount: _Int = 0
+
+
+class _ScopeSpans(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    scope: Union[_Scope, None] = None
+    spans: list[_Span] = []
+    schemaUrl: str = ""
+
+
+class _Resource(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    attributes: list[_KeyValue] = []
+    droppedAttributesCount: _Int = 0
+
+
+class _ResourceSpans(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    resource: Union[_Resource, None] = None
+    scopeSpans: list[_ScopeSpans] = []
+    schemaUrl: str = ""
+
+
+class _Request(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    resourceSpans: list[_ResourceSpans]
+
+
+class _ReaderState(Protocol):
+    """What `line_reader` reads into: the state of `otlp_json._Reader` (not imported: it imports this module)."""
+
+    spans: list[Span]
+    shared: dict[str, str]
+    trace_ids: dict[Any, str]
+    parent_ids: dict[str, str]
+    documents: int
+    offered: int
+
+
+def _value(v: _AnyValue, shared: dict[str, str], depth: int = 0) -> Any:
+    """What the general reader's `_any_value` makes of `v` (`depth` arrays or kvlists deep); ValueError
+    unless it has exactly one member (none: the general reader drops the attribute; several: it takes
+    the first in the line) or when nested deeper than `_MAX_NESTING`."""
+    if depth > _MAX_NESTING:
+        raise ValueError
+    members = [
+        m for m in (v.stringValue, v.intValue, v.boolValue, v.doubleValue, v.bytesValue, v.arrayValue, v.kvlistValue)
+        if m is not UNSET
+    ]  # fmt: skip
+    if len(members) != 1:
+        raise ValueError
+    member = members[0]
+    if type(member) is str:
+        if v.stringValue is not UNSET:
+            return shared.setdefault(member, member)
+        if v.bytesValue is not UNSET:
+            return member  # kept as its base64 text
+    if v.intValue is not UNSET:
+        return int(v.intValue)  # ValueError for a string that is no integer (dropped by the general reader)
+    if v.doubleValue is not UNSET:
+        return float(v.doubleValue)
+    if type(member) is _ArrayValue:
+        return [_value(item, shared, depth + 1) for item in member.values]
+    if type(member) is _KeyValueList:
+        return {kv.key: _value(kv.value, shared, depth + 1) for kv in member.values}
+    return member  # a bool
+
+
+def _attributes(attributes: list[_KeyValue], shared: dict[str, str]) -> dict[str, Any]:
+    """The flat attributes, as the general reader makes them; ValueError for one it would read otherwise."""
+    out: dict[str, Any] = {}
+    for kv in attributes:
+        key = kv.key
+        out[shared.setdefault(key, key)] = _value(kv.value, shared)
+    return out
+
+
+def _event(ev: _Event, shared: dict[str, str]) -> SpanEvent:
+    """The event as the general reader's `_events` makes it; ValueError for one it would drop."""
+    ts = int(ev.timeUnixNano)
+    if ts <= 0:
+        raise ValueError
+    name = ev.name
+    return SpanEvent(shared.setdefault(name, name), ts, _attributes(ev.attributes, shared) or NO_ATTRS)
+
+
+def _link(link: _Link, shared: dict[str, str]) -> SpanLink:
+    """The link as the general reader's `_links` makes it; ValueError for ids it would canonicalise or drop."""
+    _attributes(link.attributes, shared)  # not kept, but held to `_MAX_NESTING`
+    trace_id, span_id = link.traceId, link.spanId
+    if (
+        len(trace_id) != 32 or len(span_id) != 16 or not trace_id.isascii() or not span_id.isascii()
+        or trace_id.strip(_HEX) or span_id.strip(_HEX) or trace_id == _ZERO_TRACE_ID or span_id == _ZERO_SPAN_ID
+    ):  # fmt: skip
+        raise ValueError
+    return SpanLink(trace_id, span_id)
+
+
+def line_reader(reader: _ReaderState) -> Callable[[bytes], bool]:
+    """`read_line(line)` for the lines of one file: True when the line was read here into `reader`
+    (its spans, `documents` and `offered`), False when it must be read the general way (nothing
+    changed then but `reader`'s shared strings and ids)."""
+    decode = msgspec.json.Decoder(_Request).decode
+    spans_out = reader.spans
+    shared = reader.shared
+    shared_get = shared.get
+    trace_ids = reader.trace_ids
+    parent_ids = reader.parent_ids
+    new_tuple = tuple.__new__
+    zero_span = _ZERO_SPAN_ID
+    kinds = _KINDS
+    statuses = _STATUSES
+    no_attrs: Any = NO_ATTRS
+    unset = UNSET
+
+    def read_line(line: bytes) -> bool:
+        try:
+            request = decode(line)
+        except (msgspec.MsgspecError, RecursionError):  # RecursionError: nested deeper than msgspec goes
+            return False
+        out: list[Span] = []
+        out_append = out.append
+        offered = 0
+        span_ids: list[str] = []
+        ids_append = span_ids.append
+        # trace and parent ids not seen before: cached at once, checked below (as `_Reader._spans` does)
+        new_ids: list[str] = []
+        try:
+            for rs in request.resourceSpans:
+                resource_obj = rs.resource
+                flat = {} if resource_obj is None else _attributes(resource_obj.attributes, shared)
+                service_name = flat.get("service.name")
+                service = "" if service_name is None else str(service_name)
+                service = shared.setdefault(service, service)
+                resource: Mapping[str, Any] = flat or no_attrs
+                for ss in rs.scopeSpans:
+                    scope_obj = ss.scope
+                    if scope_obj is None:
+                        scope = ""
+                    else:
+                        _attributes(scope_obj.attributes, shared)  # not kept, but held to `_MAX_NESTING`
+                        scope = shared.setdefault(scope_obj.name, scope_obj.name)
+                    spans = ss.spans
+                    offered += len(spans)
+                    for sp in spans:
+                        trace_id = cached_trace_id(sp.traceId, trace_ids, new_ids)
+                        span_id = sp.spanId
+                        if len(span_id) != 16:
+                            raise ValueError
+                        parent_id = cached_parent_id(sp.parentSpanId, parent_ids, new_ids)
+                        start = int(sp.startTimeUnixNano)
+                        end = int(sp.endTimeUnixNano)
+                        if not 0 < start <= end:
+                            raise ValueError
+                        name = sp.name
+                        known = shared_get(name)
+                        if known is None:
+                            shared[name] = name
+                        else:
+                            name = known
+                        kind = kinds.get(sp.kind)
+                        status = sp.status
+                        status_code = 0 if status is None else statuses.get(status.code)
+                        if kind is None or status_code is None:
+                            raise ValueError  # (the general reader reads it as unspecified or unset, and says so)
+                        attributes = sp.attributes
+                        if attributes:
+                            attrs: Any = {}
+                            for kv in attributes:
+                                key = kv.key
+                                value = kv.value
+                                string = value.stringValue
+                                if (
+                                    string is not unset
+                                    and value.intValue is unset
+                                    and value.boolValue is unset
+                                    and value.doubleValue is unset
+                                    and value.bytesValue is unset
+                                    and value.arrayValue is unset
+                                    and value.kvlistValue is unset
+                                ):
+                                    got = shared_get(string)
+                                    if got is None:
+                                        got = shared[string] = string
+                                else:
+                                    got = _value(value, shared)
+                                known = shared_get(key)
+                                if known is None:
+                                    shared[key] = key
+                                    attrs[key] = got
+                                else:
+                                    attrs[known] = got
+                        else:
+                            attrs = no_attrs
+                        events: tuple[SpanEvent, ...] = ()
+                        links: tuple[SpanLink, ...] = ()
+                        dropped = 0
+                        if sp.events:
+                            events = tuple([_event(ev, shared) for ev in sp.events])
+                            dropped = max(sp.droppedEventsCount, 0)
+                        if sp.links:
+                            links = tuple([_link(link, shared) for link in sp.links])
+                        ids_append(span_id)
+                        out_append(new_tuple(Span, (
+                            trace_id, span_id, parent_id, name, kind, start, end,
+                            service, scope, attrs, status_code, events, links, resource, dropped,
+                        )))  # fmt: skip
+            joined = "".join(span_ids) + "".join(new_ids)
+            if joined.encode("ascii").translate(None, _HEX_BYTES) or zero_span in joined:
+                raise ValueError  # an id not in lowercase hex, or all zero (or one that may be: said by the general way)
+        except (ValueError, UnicodeEncodeError, RecursionError):  # RecursionError: values nested deeper than Python goes
+            for raw_id in new_ids:  # the caches hold valid ids only
+                trace_ids.pop(raw_id, None)
+                parent_ids.pop(raw_id, None)
+            return False
+        reader.documents += 1
+        reader.offered += offered
+        spans_out.extend(out)
+        trim_caches(shared, parent_ids, trace_ids)
+        return True
+
+    return read_line
+
+
+__all__ = ["line_reader"]
