@@ -140,9 +140,10 @@ _ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
 # (a segment of an unknown layer is one) and are turned into one clear InputError by the reader.
 
 # Canonical layer strings, so a million segments share a dozen string objects.
-_LAYER_INTERN: dict[Any, str | None] = {layer: layer for layer in SEGMENT_LAYERS}
-_LAYER_INTERN[None] = None
-_BAD_LAYER = "?"
+LAYER_INTERN: dict[Any, str | None] = {layer: layer for layer in SEGMENT_LAYERS}
+LAYER_INTERN[None] = None
+#: What `LAYER_INTERN.get(value, BAD_LAYER)` gives for a value that is no layer.
+BAD_LAYER = "?"
 #: Distinct segment attribute texts a segment decoder remembers to share their dicts (bounds memory).
 ATTRS_CACHE_MAX = 200_000
 
@@ -174,6 +175,30 @@ def _decode_request(d: dict[str, Any]) -> Request:
     )
 
 
+def _attrs_sharer() -> Callable[[dict[str, Any], "bytes | None"], dict[str, Any]]:
+    """`share(attrs, line)`: the dict kept for `line`'s attribute text, or `attrs` (the line's own,
+    parsed), kept for the lines to come (up to `ATTRS_CACHE_MAX` distinct texts, for one file).
+
+    Keyed on the line from the top-level "attrs" key on: the fields before it are scalars or
+    strings, in which an unescaped quote cannot occur, and the writer writes the attributes last.
+    """
+    cache: dict[bytes, dict[str, Any]] = {}
+
+    def share(attrs: dict[str, Any], line: bytes | None) -> dict[str, Any]:
+        at = -1 if line is None else line.find(b'"attrs":')
+        if at < 0:
+            return attrs
+        key = line[at:]  # type: ignore[index]  # `line` is not None when `at` is found
+        cached = cache.get(key)
+        if cached is not None:
+            return cached
+        if len(cache) < ATTRS_CACHE_MAX:
+            cache[key] = attrs
+        return attrs
+
+    return share
+
+
 RequestDecoder = Callable[[dict[str, Any], "bytes | None"], Request]
 
 
@@ -185,7 +210,7 @@ def request_decoder() -> RequestDecoder:
     a route carry the same few attributes), as `segment_decoder` does for segments.
     """
     shared: dict[Any, Any] = {}
-    attrs_cache: dict[bytes, dict[str, Any]] = {}
+    share_attrs = _attrs_sharer()
     new_tuple = tuple.__new__
 
     def decode(d: dict[str, Any], line: bytes | None = None) -> Request:
@@ -200,14 +225,7 @@ def request_decoder() -> RequestDecoder:
         elif type(attrs) is not dict:
             raise TypeError("attrs must be a JSON object")
         else:
-            at = -1 if line is None else line.find(b'"attrs":')
-            if at >= 0:
-                key = line[at:]  # type: ignore[index]  # `line` is not None when `at` is found
-                cached = attrs_cache.get(key)
-                if cached is not None:
-                    attrs = cached
-                elif len(attrs_cache) < ATTRS_CACHE_MAX:
-                    attrs_cache[key] = attrs
+            attrs = share_attrs(attrs, line)
         route = str(d["route"])
         pid = int(d["pid"])
         return new_tuple(
@@ -238,33 +256,22 @@ def segment_decoder() -> SegmentDecoder:
     attribute text (up to `ATTRS_CACHE_MAX`). `request_id`, when given, is used instead of the
     line's (equal) one, so one string object serves every segment of a request.
     """
-    layers = _LAYER_INTERN
+    layers = LAYER_INTERN
     shared: dict[Any, Any] = {}
-    attrs_cache: dict[bytes, dict[str, Any]] = {}
+    share_attrs = _attrs_sharer()
     no_attrs = NO_ATTRS
     # Build the named tuple without its Python-level __new__ (same object, a call cheaper).
     new_tuple = tuple.__new__
 
     def decode(d: dict[str, Any], line: bytes | None = None, request_id: Any = None) -> Segment:
-        layer = layers.get(d.get("layer"), _BAD_LAYER)
-        if layer is _BAD_LAYER:
+        layer = layers.get(d.get("layer"), BAD_LAYER)
+        if layer is BAD_LAYER:
             raise ValueError(f"unknown layer {d.get('layer')!r}")
         attrs = d.get("attrs")
         if attrs is not None:
             if type(attrs) is not dict:
                 raise TypeError("attrs must be a JSON object")
-            # Most segments repeat another's attributes (pool, statement, model): keep one
-            # dict per distinct text. Keyed on the line from the top-level "attrs" key on
-            # (segment fields before it are scalars, and an unescaped quote cannot occur
-            # inside a JSON string).
-            at = -1 if line is None else line.find(b'"attrs":')
-            if at >= 0:
-                key = line[at:]  # type: ignore[index]  # `line` is not None when `at` is found
-                cached = attrs_cache.get(key)
-                if cached is not None:
-                    attrs = cached
-                elif len(attrs_cache) < ATTRS_CACHE_MAX:
-                    attrs_cache[key] = attrs
+            attrs = share_attrs(attrs, line)  # most segments repeat another's (pool, statement, model)
         else:
             attrs = no_attrs
         name = d["name"]

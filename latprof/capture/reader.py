@@ -20,7 +20,6 @@ from latprof.capture.format import (
     SCHEMA_PREFIX,
     SOURCE_KINDS,
     request_decoder,
-    segment_decoder,
 )
 from latprof.capture.segment_lines import Parsed, SegmentLine, request_id_of, segment_line_reader
 from latprof.errors import InputError, SchemaVersionError
@@ -237,7 +236,6 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
     by_request = data.segments_by_request
     requests_append = data.requests.append
     decode_request = request_decoder()  # one per file, as the segments': it shares what repeats across its lines
-    decode_segment = segment_decoder()
     parse_segment, build_segment = segment_line_reader()
     segment_prefix = SEGMENT_LINE_PREFIX
     seen_header = False
@@ -261,30 +259,22 @@ def _read_file(path: Path, data: CaptureData, defer_segments: bool = False) -> N
                     continue
                 raise InputError(f"{path}:{torn[0]}: malformed line ({torn[1]}); the capture is damaged before its end")
             try:
+                # a segment line in the writer's plain form is decoded by msgspec (`segment_lines`), any other the general way
                 d = parse_segment(line) if line.startswith(segment_prefix) else loads(line)
-                if isinstance(d, SegmentLine):  # the writer's plain form, decoded by msgspec
-                    bucket = by_request.get(d.request_id)
+                if isinstance(d, SegmentLine) or d["type"] == "segment":
+                    request_id = request_id_of(d)
+                    bucket = by_request.get(request_id)
                     if bucket is None:
                         segment = build_segment(d, line, None)
                         by_request[segment[0]] = [segment]
                     else:
-                        bucket.append(build_segment(d, line, bucket[0][0]))
-                    segments += 1
-                    if deferring is not None:
-                        data.read_early.setdefault(d.request_id, []).append((len(data.inputs), lineno))
-                    continue
-                kind = d["type"]
-                if kind == "segment":
-                    bucket = by_request.get(d["request_id"])
-                    if bucket is None:
-                        segment = decode_segment(d, line, None)
-                        by_request[segment[0]] = [segment]
-                    else:
-                        bucket.append(decode_segment(d, line, bucket[0][0]))  # one id string per request
+                        bucket.append(build_segment(d, line, bucket[0][0]))  # one id string per request
                     segments += 1
                     if deferring is not None:  # where it stood, for the second pass to keep the file's order
-                        data.read_early.setdefault(d["request_id"], []).append((len(data.inputs), lineno))
-                elif kind == "request":
+                        data.read_early.setdefault(request_id, []).append((len(data.inputs), lineno))
+                    continue
+                kind = d["type"]
+                if kind == "request":
                     requests_append(decode_request(d, line))
                 elif kind == "header":
                     _check_header(path, lineno, d)

@@ -23,9 +23,8 @@ from typing import Annotated, Any, Callable, Union
 import msgspec
 import orjson
 
-from latprof.capture.format import ATTRS_CACHE_MAX, segment_decoder
+from latprof.capture.format import ATTRS_CACHE_MAX, BAD_LAYER, LAYER_INTERN, segment_decoder
 from latprof.events import NO_ATTRS, Segment
-from latprof.layers import SEGMENT_LAYERS
 
 #: An integer of 64 bits (orjson reads one of up to 2**64 - 1 as an int, a larger one as a float: such a line goes its way).
 _Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
@@ -64,9 +63,7 @@ def segment_line_reader() -> tuple[Callable[[bytes], Parsed], Callable[[Parsed, 
     decode = msgspec.json.Decoder(SegmentLine).decode
     loads = orjson.loads
     general = segment_decoder()
-    layers: dict[str | None, str | None] = {layer: layer for layer in SEGMENT_LAYERS}
-    layers[None] = None
-    bad_layer = "?"
+    layers, bad_layer = LAYER_INTERN, BAD_LAYER
     shared: dict[Any, Any] = {}
     attrs_cache: dict[bytes, dict[str, Any]] = {}
     new_tuple = tuple.__new__
