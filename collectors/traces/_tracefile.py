@@ -24,7 +24,8 @@ DIGITS = frozenset("0123456789")
 SHARED_MAX = 500_000
 
 _CHUNK = 1 << 16
-_HEX = "0123456789abcdef"
+HEX = "0123456789abcdef"
+_HEX_BYTES = HEX.encode()
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
@@ -66,6 +67,25 @@ def cached_parent_id(raw: Any, parent_ids: dict[str, str], new_ids: list[str]) -
     new_ids.append(raw)
     parent_ids[raw] = raw
     return raw  # type: ignore[no-any-return]
+
+
+def ids_plain(span_ids: list[str], new_ids: list[str]) -> bool:
+    """Whether the ids an OTLP JSON reader took in line (`span_ids`, and the trace and parent ids new
+    to its caches, `new_ids`) are all lowercase hex and none may be all zero: checked joined, a byte
+    translation far cheaper than a check per id."""
+    joined = "".join(span_ids) + "".join(new_ids)
+    try:
+        return not joined.encode("ascii").translate(None, _HEX_BYTES) and ZERO_SPAN_ID not in joined
+    except UnicodeEncodeError:
+        return False
+
+
+def forget_ids(new_ids: list[str], trace_ids: dict[Any, str], parent_ids: dict[str, str]) -> None:
+    """Take `new_ids` (cached by `cached_trace_id` and `cached_parent_id`) out of the caches again, when
+    `ids_plain` refused them: the caches hold valid ids only."""
+    for raw_id in new_ids:
+        trace_ids.pop(raw_id, None)
+        parent_ids.pop(raw_id, None)
 
 
 def trim_caches(shared: dict[str, str], parent_ids: dict[str, str], trace_ids: dict[Any, str]) -> None:
@@ -138,7 +158,7 @@ def hex_id(value: Any, width: int) -> str | None:
     if type(value) is not str or not 0 < len(value) <= width:
         return None
     low = value.lower()
-    if low.strip(_HEX):
+    if low.strip(HEX):
         return None
     return low if len(low) == width else low.zfill(width)
 

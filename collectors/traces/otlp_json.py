@@ -40,7 +40,7 @@ import orjson
 from latprof.capture.files import gc_paused, open_input, skip_blank_lines
 from latprof.collectors.traces._tracefile import UTF8_BOM as _UTF8_BOM, ReaderState, TraceRead
 from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID, has_key
-from latprof.collectors.traces._tracefile import cached_parent_id, cached_trace_id, trim_caches
+from latprof.collectors.traces._tracefile import HEX, cached_parent_id, cached_trace_id, forget_ids, ids_plain, trim_caches
 from latprof.collectors.traces._tracefile import first_keys as _first_keys, sniff_text as _sniff_text
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
@@ -49,8 +49,6 @@ from latprof.collectors.traces.otlp_msgspec import line_reader
 
 #: How far into a file `sniff` looks for the top-level key.
 _SNIFF_KEY_WINDOW = 512
-_HEX = "0123456789abcdef"
-_HEX_BYTES = _HEX.encode()
 #: Span kinds and status codes by their number and by their names, each to its number.
 _KINDS: dict[Any, int] = {**{n: n for n in range(6)}, **KIND_NAMES}
 _STATUSES: dict[Any, int] = {**{n: n for n in range(3)}, **STATUS_NAMES}
@@ -144,7 +142,7 @@ def _canon_id(value: Any, hex_len: int) -> str | None:
         return None
     if len(value) == hex_len:
         low = value.lower()
-        return None if low.strip(_HEX) else low
+        return None if low.strip(HEX) else low
     if len(value) == (hex_len // 2 + 2) // 3 * 4:
         try:
             raw = base64.b64decode(value, validate=True)
@@ -484,7 +482,6 @@ class _Reader(ReaderState):
         shared_get = shared.get
         kinds = _KINDS
         statuses = _STATUSES
-        zero_span = _ZERO_SPAN_ID
         no_attrs: Any = NO_ATTRS
         unset = STATUS_UNSET
         anyvalue = _any_value
@@ -558,16 +555,9 @@ class _Reader(ReaderState):
                 slow.append(len(out))
                 out_append(sp)  # a placeholder, read carefully below
         careful = self._careful_span
-        joined = "".join(span_ids) + "".join(new_ids)
-        try:
-            bad_ids = bool(joined.encode("ascii").translate(None, _HEX_BYTES)) or zero_span in joined
-        except UnicodeEncodeError:
-            bad_ids = True
-        if bad_ids:
+        if not ids_plain(span_ids, new_ids):
             # Some id is not lowercase hex (or is all zero): read the list again, span by span.
-            for raw_id in new_ids:
-                trace_ids.pop(raw_id, None)
-                parent_ids.pop(raw_id, None)
+            forget_ids(new_ids, trace_ids, parent_ids)
             del out[first:]
             for sp in spans:
                 span = careful(sp, service, scope, resource)

@@ -28,7 +28,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID
-from latprof.collectors.traces._tracefile import cached_parent_id, cached_trace_id, trim_caches
+from latprof.collectors.traces._tracefile import HEX, cached_parent_id, cached_trace_id, forget_ids, ids_plain, trim_caches
 from latprof.collectors.traces.spans import KIND_NAMES, STATUS_NAMES, Span, SpanEvent, SpanLink
 from latprof.events import NO_ATTRS
 
@@ -41,8 +41,6 @@ _STATUSES: dict[Any, int] = {**{n: n for n in range(3)}, **STATUS_NAMES}
 #: limit (and may be raised), orjson's is 1024 JSON levels - a line nested deeper than orjson reads
 #: must go its way and fail. 200 values deep is < 900 JSON levels, with the request's own.
 _MAX_NESTING = 200
-_HEX = "0123456789abcdef"
-_HEX_BYTES = _HEX.encode()
 
 
 class _AnyValue(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
@@ -202,7 +200,7 @@ def _link(link: _Link, shared: dict[str, str]) -> SpanLink:
     trace_id, span_id = link.traceId, link.spanId
     if (
         len(trace_id) != 32 or len(span_id) != 16 or not trace_id.isascii() or not span_id.isascii()
-        or trace_id.strip(_HEX) or span_id.strip(_HEX) or trace_id == _ZERO_TRACE_ID or span_id == _ZERO_SPAN_ID
+        or trace_id.strip(HEX) or span_id.strip(HEX) or trace_id == _ZERO_TRACE_ID or span_id == _ZERO_SPAN_ID
     ):  # fmt: skip
         raise ValueError
     return SpanLink(trace_id, span_id)
@@ -219,7 +217,6 @@ def line_reader(reader: _ReaderState) -> Callable[[bytes], bool]:
     trace_ids = reader.trace_ids
     parent_ids = reader.parent_ids
     new_tuple = tuple.__new__
-    zero_span = _ZERO_SPAN_ID
     kinds = _KINDS
     statuses = _STATUSES
     no_attrs: Any = NO_ATTRS
@@ -317,13 +314,10 @@ def line_reader(reader: _ReaderState) -> Callable[[bytes], bool]:
                             trace_id, span_id, parent_id, name, kind, start, end,
                             service, scope, attrs, status_code, events, links, resource, dropped,
                         )))  # fmt: skip
-            joined = "".join(span_ids) + "".join(new_ids)
-            if joined.encode("ascii").translate(None, _HEX_BYTES) or zero_span in joined:
+            if not ids_plain(span_ids, new_ids):
                 raise ValueError  # an id not in lowercase hex, or all zero (or one that may be: said by the general way)
         except (ValueError, UnicodeEncodeError, RecursionError):  # RecursionError: values nested deeper than Python goes
-            for raw_id in new_ids:  # the caches hold valid ids only
-                trace_ids.pop(raw_id, None)
-                parent_ids.pop(raw_id, None)
+            forget_ids(new_ids, trace_ids, parent_ids)
             return False
         reader.documents += 1
         reader.offered += offered
