@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from latprof.analysis.genai import model_of
 from latprof.collectors.scrape.engines import ENGINES
@@ -113,6 +113,21 @@ class Instance:
         inside = readings[lo:hi] or (readings[lo - 1 : lo] if lo > 0 else [])
         return max(g.value for g in inside) if inside else None
 
+    def at_readings_of(self, name: str, other: str, start_ns: int, end_ns: int, when: Callable[[float], bool]) -> float | None:
+        """The mean of gauge `name` at the scrapes in [start, end] where gauge `other` read a value
+        `when` accepts (the reading of `name` holding at each such scrape); None when there is none."""
+        readings, others = self.series.get(name), self.series.get(other)
+        if not readings or not others:
+            return None
+        times = [g.ts_ns for g in readings]
+        lo, hi = bisect.bisect_left([g.ts_ns for g in others], start_ns), bisect.bisect_right([g.ts_ns for g in others], end_ns)
+        values = []
+        for reading in others[lo:hi]:
+            at = bisect.bisect_right(times, reading.ts_ns) - 1
+            if when(reading.value) and at >= 0:
+                values.append(readings[at].value)
+        return sum(values) / len(values) if values else None
+
     def peak(self, name: str) -> float | None:
         readings = self.series.get(name)
         return max(g.value for g in readings) if readings else None
@@ -131,6 +146,9 @@ class CohortEngine:
     #: to a second after its first token: a queue shorter than the scrape interval still shows.
     waiting_peak: float | None = None
     running: float | None = None
+    #: The mean over the calls of the running batch at the scrapes (in the same windows as
+    #: `waiting_peak`) in which requests waited: whether the batch was full while they queued.
+    running_while_waiting: float | None = None
     kv_cache_usage: float | None = None
     kv_cache_usage_max: float | None = None
     preemptions: float = 0.0
@@ -139,7 +157,7 @@ class CohortEngine:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"calls": self.calls}
-        for key in ("waiting", "waiting_peak", "running", "kv_cache_usage", "kv_cache_usage_max"):
+        for key in ("waiting", "waiting_peak", "running", "running_while_waiting", "kv_cache_usage", "kv_cache_usage_max"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = round(value, 3)
@@ -244,6 +262,9 @@ def cohort_engine(instance: Instance, calls: Sequence[Call]) -> CohortEngine:
     out.waiting_peak = mean([instance.peak_between(GAUGE_ENGINE_WAITING, c.start_ns - NS_PER_S, c.first_token_ns + NS_PER_S)
                              for c in calls])  # fmt: skip
     out.running = mean([instance.mean_over(GAUGE_ENGINE_RUNNING, c.start_ns, c.end_ns) for c in calls])
+    out.running_while_waiting = mean([instance.at_readings_of(GAUGE_ENGINE_RUNNING, GAUGE_ENGINE_WAITING, c.start_ns - NS_PER_S,
+                                                              c.first_token_ns + NS_PER_S, lambda waiting: waiting >= 1)
+                                      for c in calls])  # fmt: skip
     kv = [instance.mean_over(GAUGE_ENGINE_KV_USAGE, c.start_ns, c.end_ns) for c in calls]
     out.kv_cache_usage = mean(kv)
     known_kv = [v for v in kv if v is not None]
@@ -364,8 +385,11 @@ def judge_queue(view: EngineView, provider_excess_ms: float, limits: QueueLimits
             return None  # the engine queued, but the tail's extra time inside it went to prefill
     elif median.waiting_peak is not None and tail.waiting_peak <= median.waiting_peak:
         return None  # no stage timings, and the queue was no longer for the tail than for the median request
-    at_cap = (tail.running is not None and view.peak_running is not None and view.peak_running > 0
-              and tail.running >= limits.flat_running_share_of_peak * view.peak_running)  # fmt: skip
+    # The batch was full while requests waited (at the scrapes that saw them waiting; else over the calls):
+    # at a scrape a second apart, the mean over a call mostly reads the batch before or after its queue.
+    running = tail.running_while_waiting if tail.running_while_waiting is not None else tail.running
+    at_cap = (running is not None and view.peak_running is not None and view.peak_running > 0
+              and running >= limits.flat_running_share_of_peak * view.peak_running)  # fmt: skip
     kv_full = tail.kv_cache_usage_max is not None and tail.kv_cache_usage_max >= limits.kv_cache_full
     preempted = view.preemptions_total > 0
     if not (at_cap or kv_full or preempted):

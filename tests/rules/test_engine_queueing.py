@@ -41,7 +41,7 @@ def requests(n: int = 250, *, queue_ms: float = 1800.0, prefill_extra_ms: float 
     return out
 
 
-def engine(*, waiting: float = 12, running: Any = 8, kv: float = 0.6, queue_ms: float = 1800.0, prefill_ms: float = 150.0,
+def engine(*, waiting: Any = 12, running: Any = 8, kv: float = 0.6, queue_ms: float = 1800.0, prefill_ms: float = 150.0,
            preemptions: float = 0, model: str = MODEL_NAME, seconds: int = 25, burst_prefill_ms: float | None = None) -> list:  # fmt: skip
     """The scraper's gauges, once a second: while the burst's requests wait, `waiting` requests wait;
     the scrapes after they finish (12.3-15.3 s) report `queue_ms` in the queue; otherwise nothing waits."""
@@ -52,8 +52,9 @@ def engine(*, waiting: float = 12, running: Any = 8, kv: float = 0.6, queue_ms: 
         busy = BURST[0] <= at <= BURST[1] + 2000
         finishing = BURST[0] + 3000 <= at <= BURST[1] + 3000
         run = running(s) if callable(running) else running
+        waits = waiting(s) if callable(waiting) else waiting
         out += [
-            gauge("engine.requests.waiting", waiting if busy else 0, at, **attrs),
+            gauge("engine.requests.waiting", waits if busy else 0, at, **attrs),
             gauge("engine.requests.running", run, at, **attrs),
             gauge("engine.kv_cache.usage", kv, at, **attrs),
             gauge("engine.preemptions", preemptions if busy else 0, at, **attrs),
@@ -111,7 +112,22 @@ def test_a_queue_that_is_not_where_the_tail_spent_its_time_is_not_the_finding() 
 def test_requests_waiting_while_the_batch_has_room_are_not_the_engine_s_capacity() -> None:
     # waiting grows while the running batch is far below its peak: not a full engine
     analysis = analysed(requests(), gauges=engine(running=lambda s: 2 if 9 <= s <= 16 else 16))
+    [view] = engine_views(analysis)
+    assert view.tail.running_while_waiting == 2
     assert list(EngineQueueing().check(analysis)) == []
+
+
+def test_a_batch_full_at_the_scrapes_that_saw_requests_waiting_is_at_its_cap() -> None:
+    # the burst's queue shows at every other scrape, and there the batch is full; the scrapes between
+    # catch it draining (3 of 8), so its mean over the tail's calls is below the cap. At a scrape a
+    # second apart the batch while requests waited is what says the engine was full.
+    waits = lambda s: 12 if s % 2 == 0 else 0  # noqa: E731
+    analysis = analysed(requests(), gauges=engine(waiting=waits, running=lambda s: 8 if s % 2 == 0 or not 9 <= s <= 16 else 3))
+    [view] = engine_views(analysis)
+    assert view.tail.running is not None and view.tail.running < 0.8 * 8
+    assert view.tail.running_while_waiting == 8
+    [finding] = EngineQueueing().check(analysis)
+    assert finding.evidence["running_at_cap"] is True and finding.evidence["tail"]["running_while_waiting"] == 8
 
 
 def test_a_client_side_pool_in_front_of_a_healthy_engine_is_not_the_engine() -> None:
