@@ -89,6 +89,9 @@ class _Link(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
     flags: _Int = 0
 
 
+_NO_RAW = msgspec.Raw(b"")
+
+
 class _Span(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
     traceId: str
     spanId: str
@@ -99,7 +102,8 @@ class _Span(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
     kind: Union[_Int, str] = 0
     startTimeUnixNano: Union[str, _Int]
     endTimeUnixNano: Union[str, _Int]
-    attributes: list[_KeyValue] = []
+    #: Its bytes as they are: decoded (as `list[_KeyValue]`) once per distinct text in a file (`_SpanAttributes`).
+    attributes: msgspec.Raw = _NO_RAW
     droppedAttributesCount: _Int = 0
     events: list[_Event] = []
     droppedEventsCount: _Int = 0
@@ -176,13 +180,70 @@ def _value(v: _AnyValue, shared: dict[str, str], depth: int = 0) -> Any:
     return member  # a bool
 
 
+class _SpanAttributes:
+    """A span's attributes from the bytes of its `attributes` array, decoded and made into a dict once per
+    distinct text: spans of one kind from one place repeat them (a statement, a route, a URL), so a
+    file's million spans share a few thousand dicts (no one changes a span's attributes). The bytes of
+    a text seen before were decoded and checked when first seen; a new text is decoded as the other
+    fields are (`_KeyValue`, unknown keys refused) and ValueError makes the line go the general way."""
+
+    __slots__ = ("_by_text", "_decode", "_shared")
+
+    #: The most texts remembered: past it the memory is forgotten (a file of all-distinct attributes pays little for it).
+    MAX_TEXTS = 1 << 16
+
+    def __init__(self, shared: dict[str, str]) -> None:
+        self._by_text: dict[bytes, Any] = {}
+        self._decode = msgspec.json.Decoder(list[_KeyValue]).decode
+        self._shared = shared
+
+    def __call__(self, raw: msgspec.Raw) -> Any:
+        text = bytes(raw)
+        attrs = self._by_text.get(text)
+        if attrs is not None:
+            return attrs
+        try:
+            attributes = self._decode(text) if text else []
+        except msgspec.MsgspecError:  # (null, a wrong type, an unknown key: the general reader's to read or refuse)
+            raise ValueError from None
+        attrs = _attributes(attributes, self._shared) if attributes else NO_ATTRS
+        if len(self._by_text) >= self.MAX_TEXTS:
+            self._by_text.clear()
+        self._by_text[text] = attrs
+        return attrs
+
+
 def _attributes(attributes: list[_KeyValue], shared: dict[str, str]) -> dict[str, Any]:
-    """The flat attributes, as the general reader makes them; ValueError for one it would read otherwise."""
-    out: dict[str, Any] = {}
+    """The flat attributes, as the general reader makes them; ValueError for one it would read otherwise
+    (a plain string's case inlined: most values are)."""
+    shared_get = shared.get
+    unset = UNSET
+    attrs: dict[str, Any] = {}
     for kv in attributes:
         key = kv.key
-        out[shared.setdefault(key, key)] = _value(kv.value, shared)
-    return out
+        value = kv.value
+        string = value.stringValue
+        if (
+            string is not unset
+            and value.intValue is unset
+            and value.boolValue is unset
+            and value.doubleValue is unset
+            and value.bytesValue is unset
+            and value.arrayValue is unset
+            and value.kvlistValue is unset
+        ):
+            got = shared_get(string)
+            if got is None:
+                got = shared[string] = string
+        else:
+            got = _value(value, shared)
+        known = shared_get(key)
+        if known is None:
+            shared[key] = key
+            attrs[key] = got
+        else:
+            attrs[known] = got
+    return attrs
 
 
 def _event(ev: _Event, shared: dict[str, str]) -> SpanEvent:
@@ -220,7 +281,7 @@ def line_reader(reader: _ReaderState) -> Callable[[bytes], bool]:
     kinds = _KINDS
     statuses = _STATUSES
     no_attrs: Any = NO_ATTRS
-    unset = UNSET
+    span_attributes = _SpanAttributes(shared)
 
     def read_line(line: bytes) -> bool:
         try:
@@ -272,35 +333,7 @@ def line_reader(reader: _ReaderState) -> Callable[[bytes], bool]:
                         status_code = 0 if status is None else statuses.get(status.code)
                         if kind is None or status_code is None:
                             raise ValueError  # (the general reader reads it as unspecified or unset, and says so)
-                        attributes = sp.attributes
-                        if attributes:
-                            attrs: Any = {}
-                            for kv in attributes:
-                                key = kv.key
-                                value = kv.value
-                                string = value.stringValue
-                                if (
-                                    string is not unset
-                                    and value.intValue is unset
-                                    and value.boolValue is unset
-                                    and value.doubleValue is unset
-                                    and value.bytesValue is unset
-                                    and value.arrayValue is unset
-                                    and value.kvlistValue is unset
-                                ):
-                                    got = shared_get(string)
-                                    if got is None:
-                                        got = shared[string] = string
-                                else:
-                                    got = _value(value, shared)
-                                known = shared_get(key)
-                                if known is None:
-                                    shared[key] = key
-                                    attrs[key] = got
-                                else:
-                                    attrs[known] = got
-                        else:
-                            attrs = no_attrs
+                        attrs = span_attributes(sp.attributes)
                         events: tuple[SpanEvent, ...] = ()
                         links: tuple[SpanLink, ...] = ()
                         dropped = 0

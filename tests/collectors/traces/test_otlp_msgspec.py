@@ -286,6 +286,19 @@ def test_generated_files_are_read_the_fast_way_as_the_general_way_reads_them(
     assert taken == len(path.read_bytes().splitlines()) - 1  # every line but the first went the fast way
 
 
+def test_spans_with_the_same_attributes_share_one_dict(tmp_path: Path) -> None:
+    """A span's attributes are made once per distinct text in a file: a million spans of a few kinds hold a few
+    thousand dicts, not a million (the reader's memory, docs/performance.md)."""
+    generated = tmp_path / "gen.json"
+    _generate(generated, spans=600, seed=3)
+    path = tmp_path / "lines.json"
+    path.write_bytes(GOOD + b"\n" + generated.read_bytes())  # every generated line after the first: read the fast way
+    spans = [s for s in read_otlp_json(path).spans if s.trace_id != TRACE]
+    assert len(spans) == 600
+    distinct_texts = {orjson.dumps(list(s.attrs.items())) for s in spans}  # (equal dicts are equal texts in these files)
+    assert len({id(s.attrs) for s in spans}) == len(distinct_texts) < 300
+
+
 @pytest.mark.parametrize("fixture", sorted(FIXTURES.glob("*.otlp.json")), ids=lambda p: p.name)
 def test_real_files_as_lines_are_read_the_fast_way_as_the_general_way_reads_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixture: Path
