@@ -232,8 +232,15 @@ class _Counts:
         self.services: dict[str, Mapping[str, Any]] = {}
 
 
-def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS) -> TraceEvents:
-    """Group `spans` by trace and map each trace (`map_trace`); warnings say what was left out."""
+_NO_SPANS: list[Span] = []
+
+
+def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_PATHS, consume: bool = False) -> TraceEvents:
+    """Group `spans` by trace and map each trace (`map_trace`); warnings say what was left out.
+
+    With `consume` (`spans` a list no one else needs), the list is emptied once grouped and each
+    trace's spans are let go once mapped: a million spans and the segments made of them are then not
+    held at once (the memory freed by one is reused by the other)."""
     traces: dict[str, list[Span]] = {}
     consumers = False
     for span in spans:
@@ -244,6 +251,8 @@ def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_P
             bucket.append(span)
         if span[4] == KIND_CONSUMER:
             consumers = True
+    if consume and isinstance(spans, list):
+        spans.clear()
     producers: dict[str, Span] = {}
     if consumers:  # messages: their send spans, for the queue time of their process spans
         for trace in traces.values():
@@ -254,6 +263,8 @@ def map_spans(spans: Iterable[Span], *, llm_paths: Sequence[str] = DEFAULT_LLM_P
     counts = _Counts()
     for trace_id, trace in traces.items():
         map_trace(trace_id, trace, out, counts, llm_paths, producers)
+        if consume:
+            traces[trace_id] = _NO_SPANS  # (a value replaced, not a key removed: the iteration goes on)
     out.instances = {
         number: {k: v for k, v in zip(("service.name", "service.instance.id", "host.name", "process.pid"), key) if v not in (None, "")}
         for key, number in counts.instances.items()

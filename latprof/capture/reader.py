@@ -138,6 +138,7 @@ def read_captures(paths: Iterable[str | os.PathLike[str]], *, defer_segments: bo
             data.warnings.extend(read.warnings)
             if (trace_format.kind, trace_format.reader) not in formats:
                 formats.append((trace_format.kind, trace_format.reader))
+            del read  # (its spans are in `spans` now: mapping them lets them go)
         else:
             _read_file(path, data, defer_segments and path.is_file())
     if spans:
@@ -200,7 +201,7 @@ def _add_traces(spans: list[Span], formats: list[tuple[str, str]], data: Capture
     `formats` are the (source kind, reader module) of the files, in the order first read: the
     first kind is the capture's source, the readers are its collectors ("otlp-json", "otlp-proto").
     """
-    events = map_spans(spans)
+    events = map_spans(spans, consume=True)  # (the spans are read's: let go of each trace's once mapped)
     if not data.requests and not data.segments_by_request:  # every request is mapped from spans: the facts cover them all
         data.span_facts = events.facts
     # the `pid` of trace events numbers the emitting instances: which service each one is

@@ -116,6 +116,25 @@ def test_a_message_queue_is_the_time_from_send_to_process_through_the_link():
     assert "c" * 32 not in events.segments_by_request  # a receive span's polling is no queue
 
 
+def test_spans_consumed_by_mapping_map_as_when_kept():
+    """`read_captures` lets each trace's spans go once mapped (`consume`): the same requests and segments,
+    messages whose send span is in a trace mapped before them included, and the list it was given emptied."""
+    producer_root = server(0, 50)
+    send = span("orders send", 10, 12, parent=producer_root, kind=KIND_PRODUCER, **{"messaging.operation.type": "send"})
+    consumer = span("orders process", 400, 500, kind=KIND_CONSUMER, trace="b" * 32, links=(SpanLink("a" * 32, send.span_id),),
+                    **{"messaging.operation.type": "process", "messaging.destination.name": "orders"})  # fmt: skip
+    work = span("SELECT", 410, 490, parent=consumer, trace="b" * 32, kind=KIND_CLIENT, **{"db.system.name": "postgresql"})
+    other = server(600, 700, trace="d" * 32)
+    spans = [producer_root, send, other, consumer, work, span("x", 610, 620, parent=other, trace="d" * 32)]
+    kept = map_spans(spans)
+    given = list(spans)
+    consumed = map_spans(given, consume=True)
+    assert given == []
+    assert consumed.requests == kept.requests and len(kept.requests) == 3
+    assert consumed.segments_by_request == kept.segments_by_request and consumed.warnings == kept.warnings
+    assert {r.request_id: r.start_ns for r in consumed.requests}["b" * 32] == ms(10)  # the queue from the send span
+
+
 def test_routes_come_from_the_route_template_and_methods_of_either_convention():
     assert route_of(server(0, 1)) == "GET /chat"
     old = span("x", 0, 1, kind=KIND_SERVER, **{"http.route": "/items/{id}", "http.method": "PUT"})
