@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from latprof.analysis.genai import model_of
 from latprof.collectors.scrape.engines import ENGINES
@@ -113,18 +113,18 @@ class Instance:
         inside = readings[lo:hi] or (readings[lo - 1 : lo] if lo > 0 else [])
         return max(g.value for g in inside) if inside else None
 
-    def at_readings_of(self, name: str, other: str, start_ns: int, end_ns: int, when: Callable[[float], bool]) -> float | None:
-        """The mean of gauge `name` at the scrapes in [start, end] where gauge `other` read a value
-        `when` accepts (the reading of `name` holding at each such scrape); None when there is none."""
+    def at_readings_of(self, name: str, other: str, start_ns: int, end_ns: int, min_other: float) -> float | None:
+        """The mean of gauge `name` at the scrapes in [start, end] where gauge `other` read at least
+        `min_other` (the reading of `name` holding at each such scrape); None when there is none."""
         readings, others = self.series.get(name), self.series.get(other)
         if not readings or not others:
             return None
-        times = [g.ts_ns for g in readings]
-        lo, hi = bisect.bisect_left([g.ts_ns for g in others], start_ns), bisect.bisect_right([g.ts_ns for g in others], end_ns)
+        times, other_times = [g.ts_ns for g in readings], [g.ts_ns for g in others]
+        lo, hi = bisect.bisect_left(other_times, start_ns), bisect.bisect_right(other_times, end_ns)
         values = []
         for reading in others[lo:hi]:
             at = bisect.bisect_right(times, reading.ts_ns) - 1
-            if when(reading.value) and at >= 0:
+            if reading.value >= min_other and at >= 0:
                 values.append(readings[at].value)
         return sum(values) / len(values) if values else None
 
@@ -263,7 +263,7 @@ def cohort_engine(instance: Instance, calls: Sequence[Call]) -> CohortEngine:
                              for c in calls])  # fmt: skip
     out.running = mean([instance.mean_over(GAUGE_ENGINE_RUNNING, c.start_ns, c.end_ns) for c in calls])
     out.running_while_waiting = mean([instance.at_readings_of(GAUGE_ENGINE_RUNNING, GAUGE_ENGINE_WAITING, c.start_ns - NS_PER_S,
-                                                              c.first_token_ns + NS_PER_S, lambda waiting: waiting >= 1)
+                                                              c.first_token_ns + NS_PER_S, 1)
                                       for c in calls])  # fmt: skip
     kv = [instance.mean_over(GAUGE_ENGINE_KV_USAGE, c.start_ns, c.end_ns) for c in calls]
     out.kv_cache_usage = mean(kv)
