@@ -17,7 +17,7 @@ from latprof.ci.config import Config
 from latprof.engine import Finding, Rule, all_rules, configured, run_rules
 from latprof.analysis.span_inference import infer_from_spans
 from latprof.report.model import Report, build_report
-from latprof.analysis.timeline import Timeline, build_timeline
+from latprof.analysis.timeline import RequestTimeline, Timeline, build_timeline
 from latprof.errors import InputError
 from latprof.attach.reconstruct import RECONSTRUCTED
 
@@ -71,7 +71,8 @@ def run_diagnosis(
 
     A large capture is analysed cohort-first (`latprof.analysis.cohort_first`): every
     request's latency, then the segments of the cohorts, of each window's tail and of a sample of
-    about `sample_requests` others; `exact` reads every segment (trace files always are).
+    about `sample_requests` others; `exact` reads every segment. A trace file is read, mapped and inferred
+    whole (its inferences compare each trace with the ones beside it), then analysed cohort-first the same way.
     `max_read_share` is the share of requests above which every segment is read anyway;
     `cohort_cap` the most requests read of one cohort (a larger one is read as a sample).
     """
@@ -95,6 +96,7 @@ def run_diagnosis(
             timeline = build_timeline(data)
             if source_kind is not None:
                 timeline.source_kind = source_kind
+        del data  # what the timeline does not hold of it (the reader's lists of segments) can go
         if timeline.source_kind == "attach" and all(RECONSTRUCTED in rt.request.attrs for rt in timeline.requests):
             # stack samples, and the requests reconstructed from them
             from latprof.attach.analysis import analyze_attach, build_attach_report, judge
@@ -104,6 +106,11 @@ def run_diagnosis(
             return Diagnosis(None, found, build_attach_report(samples, found), samples)
         if timeline.source_kind in TRACE_SOURCES:
             timeline = infer_from_spans(timeline, warmup_s)
+            if not exact and trace_id is None:  # mapped and inferred whole; analysed cohort-first
+                chosen = pick(timeline, warmup_s, sample_requests=sample_requests, max_read_share=max_read_share,
+                              cohort_cap=cohort_cap)  # fmt: skip
+                if chosen is not None:
+                    timeline = unpicked_let_go(timeline, chosen)
         if trace_id is not None:
             timeline = select_trace(timeline, trace_id)
         if chosen is not None:
@@ -114,6 +121,15 @@ def run_diagnosis(
         findings = run_rules(analysis, default_rules() if rules is None else rules)
         explained = explain(analysis) if trace_id is not None or len(timeline.requests) < MIN_REQUESTS_FOR_VERDICT else None
         return Diagnosis(analysis, findings, build_report(analysis, findings, explained))
+
+
+def unpicked_let_go(timeline: Timeline, chosen: Pick) -> Timeline:
+    """`timeline` with the segments of the requests `chosen` does not pick let go (their roots kept): what
+    a cohort-first analysis of a trace file, mapped and inferred whole, holds afterwards - the same as a
+    capture read cohort-first, whose unpicked requests' segments are never read."""
+    keep = {chosen.kept[i] for i in chosen.read}
+    requests = [rt if i in keep or not rt.segments else RequestTimeline(rt.request, ()) for i, rt in enumerate(timeline.requests)]
+    return dataclasses.replace(timeline, requests=requests)
 
 
 def select_trace(timeline: Timeline, trace_id: str) -> Timeline:

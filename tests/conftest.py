@@ -97,7 +97,8 @@ def _cohort_first_says_what_the_full_analysis_says():
     diff, the demo, the rules' end-to-end tests with real services) is diagnosed a second time
     cohort-first, reading the segments of the cohorts, the windows' tails and only
     `COMPARED_SAMPLE_REQUESTS` others, and must give the same verdict, rules and tail numbers
-    (`cohort_first_differences`). Trace files and attach captures are read whole: not compared."""
+    (`cohort_first_differences`); trace files too (mapped and inferred whole, then analysed cohort-first).
+    Attach captures are read whole: not compared."""
     import latprof.pipeline as pipeline
     from latprof.analysis.requests import MIN_REQUESTS_FOR_VERDICT
 

@@ -217,9 +217,10 @@ def reading_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
     return click.option(
         "--exact", is_flag=True,
-        help="Read every segment. By default a large capture is read cohort-first: each request's latency, then the"
-        " segments of the tail, median and per-window tail requests and of a fixed sample of the others; the verdict"
-        " and tail numbers are exact, the layers' p50/p99 estimated (the report's collection.estimated says so).",
+        help="Read and analyse every segment. By default a large capture is read cohort-first: each request's latency,"
+        " then the segments of the tail, median and per-window tail requests and of a fixed sample of the others (a"
+        " trace file is read and inferred whole, then analysed so); the verdict and tail numbers are exact, the layers'"
+        " p50/p99 estimated (the report's collection.estimated says so).",
     )(command)  # fmt: skip
 
 

@@ -9,6 +9,7 @@ the whole suite is also compared with its cohort-first twin (tests/conftest.py).
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import random
@@ -27,6 +28,7 @@ from latprof.capture.format import encode, make_header
 from latprof.capture.reader import read_captures
 from latprof.cli import main
 from latprof.events import Request, Segment
+from latprof.export import EXPORT, read_input
 from latprof.layers import DB_POOL, DB_QUERY, PROVIDER
 from latprof.pipeline import run_diagnosis
 from latprof.report.renderers.report_common import estimated_line
@@ -255,3 +257,57 @@ def test_two_processes_read_the_second_pass_as_one_does(capture: Path, monkeypat
     data = read_captures([capture], defer_segments=True)
     reader.read_deferred_segments(data, wanted, workers=2)
     assert data.segments_by_request == one.segments_by_request and data.segment_count == one.segment_count
+
+
+def _pooled_traffic(n: int, pool: int, seed: int) -> list[Request | Segment]:
+    """`n` requests through a FIFO pool of `pool` DB connections, each held from its first statement
+    across its LLM call to its last, arriving spaced out with a burst of eight now and then; nothing
+    records the wait for a connection: only the gap before the first statement shows it."""
+    rng = random.Random(seed)
+    free = [0] * pool  # when each connection comes back (a heap)
+    events: list[Request | Segment] = []
+    t = 1_764_000_000 * 10**9
+    for i in range(n):
+        t += int((rng.uniform(110, 150) if i % 40 not in range(1, 8) else 0.5) * NS_PER_MS)
+        got = max(t, heapq.heappop(free))
+        rid = f"{rng.getrandbits(64):016x}"
+        llm = int(rng.uniform(150, 170) * NS_PER_MS)
+        first, call, last = got + 3 * 10**6, got + 3 * 10**6 + llm, got + 6 * 10**6 + llm
+        events += [Segment(rid, f"{rid}-q", None, "SELECT", DB_QUERY, got, first, 7),
+                   Segment(rid, f"{rid}-l", None, "POST", PROVIDER, first, call, 7),
+                   Segment(rid, f"{rid}-i", None, "INSERT", DB_QUERY, call, last, 7)]  # fmt: skip
+        heapq.heappush(free, last)
+        events.append(Request(rid, "POST /chat", t, last + 2 * 10**6, 7))
+    return events
+
+
+def test_a_trace_file_is_inferred_whole_and_analysed_cohort_first(tmp_path: Path) -> None:
+    """A trace file's inferences compare each trace with the ones beside it, so it is mapped and inferred whole;
+    the analysis then reads the cohorts and a sample, as a capture's does: the same verdict (a pool inferred from
+    the gaps before the first statement), rules and tail numbers as the full analysis, the unpicked requests'
+    segments let go, and the report saying what it estimated."""
+    capture = _write(tmp_path / "pooled.jsonl", _pooled_traffic(3000, 3, 5))
+    traces = tmp_path / "pooled.otlp.jsonl"
+    with open(traces, "w", encoding="utf-8") as out:
+        EXPORT.render("otlp", read_input([capture]), out)
+    full = run_diagnosis([traces], exact=True)
+    first = run_diagnosis([traces], sample_requests=200)
+    assert full.analysis is not None and full.analysis.population is None
+    analysis = first.analysis
+    assert analysis is not None and analysis.population is not None
+    assert analysis.population.materialised < 0.45 * len(analysis.population.requests)
+    a, b = full.report.to_dict(), first.report.to_dict()
+    assert a["source"]["kind"] == b["source"]["kind"] == "otlp"
+    assert (a["verdict"]["layer"], a["verdict"]["rule"]) == (DB_POOL, "db-pool-exhaustion"), a["verdict"]
+    assert a["verdict"] == b["verdict"] and "inferred" in b["verdict"]["summary"]
+    assert [f["rule"] for f in a["findings"]] == [f["rule"] for f in b["findings"]]
+    for key in ("latency_ms", "window", "p99_over_time"):
+        assert a[key] == b[key], key
+    assert _tail_numbers(a) == _tail_numbers(b)
+    # inferred on every trace (the pool's holders are the requests beside the tail's), read for the picked only
+    assert any(s.layer == DB_POOL for rt in analysis.requests for s in rt.segments)
+    with_segments = {rt.request.request_id for rt in analysis.timeline.requests if rt.segments}
+    assert with_segments == {rt.request.request_id for rt in analysis.requests}
+    said = b["collection"]["estimated"]
+    assert said["method"] == "cohort-first" and said["requests_read"] == analysis.population.materialised
+    assert "estimated" not in a["collection"]
