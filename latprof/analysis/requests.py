@@ -456,8 +456,7 @@ def layer_stats(
         for layer, value in breakdown.items():
             nonzero[layer].append(value)
 
-    def mean_of(layer: str, idx: tuple[int, ...]) -> float:
-        return sum(breakdowns[i].get(layer, 0.0) for i in idx) / len(idx) if idx else 0.0
+    median_means, tail_means, tail5_means = (_cohort_means(breakdowns, idx) for idx in (groups.median, groups.tail, groups.tail5))
 
     raw: dict[str, tuple[float, float, float, float, float, float, float]] = {}
     for layer, seen in nonzero.items():
@@ -465,8 +464,8 @@ def layer_stats(
             raw[layer] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
             continue
         seen.sort()
-        median_mean = mean_of(layer, groups.median)
-        tail_mean = mean_of(layer, groups.tail)
+        median_mean = median_means.get(layer, 0.0)
+        tail_mean = tail_means.get(layer, 0.0)
         raw[layer] = (
             _percentile_with_zeros(seen, n - len(seen), 50),
             _percentile_with_zeros(seen, n - len(seen), 99),
@@ -474,13 +473,23 @@ def layer_stats(
             median_mean,
             tail_mean,
             tail_mean - median_mean,
-            mean_of(layer, groups.tail5) - median_mean,
+            tail5_means.get(layer, 0.0) - median_mean,
         )
     positive = sum(r[5] for r in raw.values() if r[5] > 0)
     return {
         layer: LayerStats(layer, *r, share_of_tail_excess=(r[5] / positive if r[5] > 0 and positive else 0.0))
         for layer, r in raw.items()
     }
+
+
+def _cohort_means(breakdowns: Sequence[Mapping[str, float]], idx: tuple[int, ...]) -> dict[str, float]:
+    """Each layer's mean over the requests `idx` of `breakdowns` (a layer a request lacks counts as 0 ms), in one
+    pass over the cohort: each layer's values added in the cohort's order, as a sum per layer would add them."""
+    sums: dict[str, float] = {}
+    for i in idx:
+        for layer, value in breakdowns[i].items():
+            sums[layer] = sums.get(layer, 0) + value
+    return {layer: total / len(idx) for layer, total in sums.items()}
 
 
 def _weighted_layer_stats(
@@ -492,8 +501,7 @@ def _weighted_layer_stats(
         for layer, value in breakdown.items():
             nonzero[layer].append((value, w))
 
-    def mean_of(layer: str, idx: tuple[int, ...]) -> float:
-        return sum(breakdowns[i].get(layer, 0.0) for i in idx) / len(idx) if idx else 0.0
+    median_means, tail_means, tail5_means = (_cohort_means(breakdowns, idx) for idx in (groups.median, groups.tail, groups.tail5))
 
     raw: dict[str, tuple[float, float, float, float, float, float, float]] = {}
     for layer, seen in nonzero.items():
@@ -502,8 +510,8 @@ def _weighted_layer_stats(
             continue
         ordered, cumulative = _sorted_with_cumulative([v for v, _ in seen], [w for _, w in seen])
         zeros = n - cumulative[-1]
-        median_mean = mean_of(layer, groups.median)
-        tail_mean = mean_of(layer, groups.tail)
+        median_mean = median_means.get(layer, 0.0)
+        tail_mean = tail_means.get(layer, 0.0)
         raw[layer] = (
             weighted_percentile(ordered, cumulative, 50, zeros),
             weighted_percentile(ordered, cumulative, 99, zeros),
@@ -511,7 +519,7 @@ def _weighted_layer_stats(
             median_mean,
             tail_mean,
             tail_mean - median_mean,
-            mean_of(layer, groups.tail5) - median_mean,
+            tail5_means.get(layer, 0.0) - median_mean,
         )
     positive = sum(r[5] for r in raw.values() if r[5] > 0)
     return {
