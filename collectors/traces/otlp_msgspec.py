@@ -187,19 +187,19 @@ class _SpanAttributes:
     a text seen before were decoded and checked when first seen; a new text is decoded as the other
     fields are (`_KeyValue`, unknown keys refused) and ValueError makes the line go the general way."""
 
-    __slots__ = ("_by_text", "_decode", "_shared")
+    __slots__ = ("by_text", "_decode", "_shared")
 
     #: The most texts remembered: past it the memory is forgotten (a file of all-distinct attributes pays little for it).
     MAX_TEXTS = 1 << 16
 
     def __init__(self, shared: dict[str, str]) -> None:
-        self._by_text: dict[bytes, Any] = {}
+        self.by_text: dict[bytes, Any] = {}
         self._decode = msgspec.json.Decoder(list[_KeyValue]).decode
         self._shared = shared
 
     def __call__(self, raw: msgspec.Raw) -> Any:
         text = bytes(raw)
-        attrs = self._by_text.get(text)
+        attrs = self.by_text.get(text)
         if attrs is not None:
             return attrs
         try:
@@ -207,9 +207,9 @@ class _SpanAttributes:
         except msgspec.MsgspecError:  # (null, a wrong type, an unknown key: the general reader's to read or refuse)
             raise ValueError from None
         attrs = _attributes(attributes, self._shared) if attributes else NO_ATTRS
-        if len(self._by_text) >= self.MAX_TEXTS:
-            self._by_text.clear()
-        self._by_text[text] = attrs
+        if len(self.by_text) >= self.MAX_TEXTS:
+            self.by_text.clear()
+        self.by_text[text] = attrs
         return attrs
 
 
@@ -282,6 +282,9 @@ def line_reader(reader: _ReaderState) -> Callable[[bytes], bool]:
     statuses = _STATUSES
     no_attrs: Any = NO_ATTRS
     span_attributes = _SpanAttributes(shared)
+    attributes_get = span_attributes.by_text.get
+    trace_ids_get = trace_ids.get
+    parent_ids_get = parent_ids.get
 
     def read_line(line: bytes) -> bool:
         try:
@@ -313,11 +316,22 @@ def line_reader(reader: _ReaderState) -> Callable[[bytes], bool]:
                     spans = ss.spans
                     offered += len(spans)
                     for sp in spans:
-                        trace_id = cached_trace_id(sp.traceId, trace_ids, new_ids)
+                        # the ids and attributes seen before, looked up here (`cached_trace_id`, `cached_parent_id` and
+                        # `span_attributes` for the others): every span
+                        raw_id = sp.traceId
+                        trace_id = trace_ids_get(raw_id)
+                        if trace_id is None:
+                            trace_id = cached_trace_id(raw_id, trace_ids, new_ids)
                         span_id = sp.spanId
                         if len(span_id) != 16:
                             raise ValueError
-                        parent_id = cached_parent_id(sp.parentSpanId, parent_ids, new_ids)
+                        raw_id = sp.parentSpanId
+                        if raw_id:
+                            parent_id = parent_ids_get(raw_id)
+                            if parent_id is None:
+                                parent_id = cached_parent_id(raw_id, parent_ids, new_ids)
+                        else:
+                            parent_id = None
                         start = int(sp.startTimeUnixNano)
                         end = int(sp.endTimeUnixNano)
                         if not 0 < start <= end:
@@ -333,7 +347,9 @@ def line_reader(reader: _ReaderState) -> Callable[[bytes], bool]:
                         status_code = 0 if status is None else statuses.get(status.code)
                         if kind is None or status_code is None:
                             raise ValueError  # (the general reader reads it as unspecified or unset, and says so)
-                        attrs = span_attributes(sp.attributes)
+                        attrs = attributes_get(bytes(sp.attributes))
+                        if attrs is None:
+                            attrs = span_attributes(sp.attributes)
                         events: tuple[SpanEvent, ...] = ()
                         links: tuple[SpanLink, ...] = ()
                         dropped = 0
