@@ -584,18 +584,22 @@ class _Half:
     def collect(self, by_request: dict[Any, list[Segment]], look: _Looking) -> int:
         """Wait for the child and add its segments after the caller's; how many. Should it have
         failed, the caller's process reads the half itself."""
+        # unpickled as it comes (not read whole first: its bytes and its segments are not held at once)
+        sent: Any = None
         with os.fdopen(self.pipe, "rb") as pipe:
-            blob = pipe.read()
+            try:
+                sent = pickle.load(pipe)
+            except Exception:  # the child died or said nothing whole: its half is read here below
+                sent = None
         _, status = os.waitpid(self.pid, 0)
-        try:
-            if os.waitstatus_to_exitcode(status) != 0:
-                raise ValueError("the reading process failed")
-            orphans, found = pickle.loads(blob)
-        except Exception:  # the child died or said nothing whole: read its half here
+        if sent is None or os.waitstatus_to_exitcode(status) != 0:
             return self._read_here(by_request, look)
+        orphans, found = sent
+        del sent
         look.orphans += orphans
         new = tuple.__new__
-        for fields in found:
+        for k, fields in enumerate(found):
+            found[k] = None  # each sent tuple goes as its segment comes (the two are the same size)
             bucket = by_request.get(fields[0])
             segment = new(Segment, (bucket[0][0], *fields[1:]) if bucket else fields)
             if bucket is None:

@@ -250,10 +250,10 @@ def test_two_processes_read_the_second_pass_as_one_does(capture: Path, monkeypat
     assert one.segments_by_request == two.segments_by_request and len(one.segments_by_request) == len(wanted)
     assert one.segment_count == two.segment_count == 9 * len(wanted)
 
-    def broken_pickle(blob: bytes) -> object:
-        raise ValueError("a child that said nothing whole")
+    def broken_pickle(pipe: object) -> object:
+        raise EOFError("a child that said nothing whole")
 
-    monkeypatch.setattr(reader.pickle, "loads", broken_pickle)
+    monkeypatch.setattr(reader.pickle, "load", broken_pickle)
     data = read_captures([capture], defer_segments=True)
     reader.read_deferred_segments(data, wanted, workers=2)
     assert data.segments_by_request == one.segments_by_request and data.segment_count == one.segment_count
