@@ -17,7 +17,7 @@ from latprof.ci.config import Config
 from latprof.engine import Finding, Rule, all_rules, configured, run_rules
 from latprof.analysis.span_inference import infer_from_spans
 from latprof.report.model import Report, build_report
-from latprof.analysis.timeline import RequestTimeline, Timeline, build_timeline
+from latprof.analysis.timeline import RequestTimeline, Timeline, build_timeline, with_read_segments
 from latprof.errors import InputError
 from latprof.attach.reconstruct import RECONSTRUCTED
 
@@ -93,8 +93,8 @@ def run_diagnosis(
                 chosen = pick(timeline, warmup_s, sample_requests=sample_requests, max_read_share=max_read_share,
                               cohort_cap=cohort_cap)  # fmt: skip
             read_deferred_segments(data, None if chosen is None else chosen.wanted_ids(timeline))
-            timeline = build_timeline(data)
-            if source_kind is not None:
+            timeline = with_read_segments(timeline, data)
+            if source_kind is not None:  # (the timeline may have been built again)
                 timeline.source_kind = source_kind
         del data  # what the timeline does not hold of it (the reader's lists of segments) can go
         if timeline.source_kind == "attach" and all(RECONSTRUCTED in rt.request.attrs for rt in timeline.requests):

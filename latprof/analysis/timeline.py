@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -127,12 +128,7 @@ def build_timeline(data: CaptureData) -> Timeline:
     for series in gauges.values():
         series.sort(key=lambda g: g.ts_ns)
 
-    warnings = list(data.warnings)
-    if orphans:
-        warnings.append(
-            f"{orphans} segment(s) belong to {len(by_request) or 'some'} request(s) that had not completed when collection"
-            " stopped; left out"
-        )
+    warnings = list(data.warnings) + _orphan_warning(orphans, by_request)
     if duplicates:
         warnings.append(f"{duplicates} request(s) recorded twice under one id; kept the first")
     if bad_times:
@@ -151,6 +147,35 @@ def build_timeline(data: CaptureData) -> Timeline:
         warnings=warnings,
         span_facts=data.span_facts,
     )
+
+
+def _orphan_warning(orphans: int, by_request: dict[str, Any]) -> list[str]:
+    """The warning about `orphans` segments of the requests left in `by_request` (not in the timeline), if any."""
+    if not orphans:
+        return []
+    return [f"{orphans} segment(s) belong to {len(by_request) or 'some'} request(s) that had not completed when collection"
+            " stopped; left out"]  # fmt: skip
+
+
+def with_read_segments(timeline: Timeline, data: CaptureData) -> Timeline:
+    """`timeline`, built from `data` by the first pass of a cohort-first read, with the segments the second pass
+    added to `data` since (`read_deferred_segments`): what `build_timeline(data)` gives now, without grouping,
+    sorting and indexing again what the second pass did not change (the requests, their order, the gauges).
+    When `data`'s warnings changed in between, the timeline is built again."""
+    # the timeline's warnings: the reader's, the orphans' (the one that changes), then the requests' and quality's
+    read = len(data.warnings)
+    after = read + (1 if timeline.orphan_segments else 0)
+    if timeline.warnings[:read] != data.warnings or len(timeline.warnings) < after:
+        return build_timeline(data)
+    by_request = dict(data.segments_by_request)
+    requests = list(timeline.requests)
+    for i, rt in enumerate(requests):
+        segments = by_request.pop(rt.request.request_id, None)
+        if segments is not None and len(segments) != len(rt.segments):  # (segments are only added)
+            requests[i] = RequestTimeline(rt.request, tuple(segments))
+    orphans = sum(len(v) for v in by_request.values()) + data.orphan_deferred
+    warnings = list(data.warnings) + _orphan_warning(orphans, by_request) + timeline.warnings[after:]
+    return dataclasses.replace(timeline, requests=requests, orphan_segments=orphans, warnings=warnings)
 
 
 def gauge_instances(readings: Iterable[Gauge]) -> dict[tuple[int, str], list[Gauge]]:

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from latprof.analysis.timeline import build_timeline
+from latprof.analysis.timeline import build_timeline, with_read_segments
 from latprof.capture.format import encode, make_header
 from latprof.capture.reader import SEGMENT_LINE_PREFIX, CaptureData, read_captures, read_deferred_segments
 from latprof.errors import InputError
@@ -291,3 +291,30 @@ def test_a_truncated_gzip_capture_is_read_up_to_the_cut(tmp_path: Path) -> None:
     assert len(full.requests) > 1000 and "compressed stream is truncated" in full.warnings[0]
     two = two_pass(path, set(ids[:100]))
     assert two.requests == full.requests
+
+
+
+def test_the_first_timeline_with_the_second_pass_segments_is_the_timeline_built_again(tmp_path: Path) -> None:
+    """`with_read_segments` adds what the second pass read to the first pass's timeline: the same timeline as
+    `build_timeline` makes of everything read - with a request recorded twice, one that ends before it starts,
+    segments of requests in flight at the end (in lines of both passes: one not in the writer's form is read by
+    the first) and a quality note among them; when the reader's warnings changed between the passes, the
+    timeline is built again."""
+    ids = [f"{n:032x}" for n in range(30)]
+    events = capture_events(ids, in_flight=("e" * 32, "f" * 32))
+    events += [request(ids[4], 40), Request("b" * 32, "GET /", T0 + 9, T0 + 1, PID), *segments("b" * 32, 41),
+               QualityRecord("hook_error", T0, PID, "a hook failed", 2)]  # fmt: skip
+    # the keys in another order: not deferred, read by the first pass (one of a request picked, one in flight)
+    early = [encode(segments(ids[3], 3)[0]), encode(segments("d" * 32, 42)[0])]
+    lines = [header(), *map(line, events), *(orjson.dumps(dict(reversed(list(e.items())))) for e in early), orjson.dumps(encode(
+        Segment("f" * 32, "late-f", None, "in flight", "db.query", T0, T0 + 5, PID))), line(request(ids[0], 50))]
+    path = write(tmp_path / "mixed.jsonl", lines)
+    data = read_captures([path], defer_segments=True)
+    first = build_timeline(data)
+    read_deferred_segments(data, set(ids[::3]))
+    again = build_timeline(data)
+    assert again.orphan_segments > first.orphan_segments > 0
+    assert len(again.warnings) >= 4 and any("recorded twice" in w for w in again.warnings)
+    assert with_read_segments(first, data) == again
+    data.warnings.append("a warning between the passes")
+    assert with_read_segments(first, data) == build_timeline(data)
