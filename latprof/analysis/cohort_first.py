@@ -39,6 +39,7 @@ from latprof.analysis.requests import (
     Cohorts,
     Population,
     Window,
+    any_sampled,
     cohorts,
     coverage,
     kept_indices,
@@ -159,7 +160,7 @@ def _drawn(cohort: tuple[int, ...], factor: dict[int, int]) -> tuple[int, ...]:
 
 def _weights(timeline: Timeline, kept: list[int]) -> list[int] | None:
     """The sample weights of the kept requests, as `analyze` takes them (None when nothing was sampled)."""
-    if all(sample_weight(rt) == 1 for rt in timeline.requests):
+    if not any_sampled(timeline.requests) or all(sample_weight(rt) == 1 for rt in timeline.requests):
         return None
     return [sample_weight(timeline.requests[i]) for i in kept]
 

@@ -253,8 +253,16 @@ def sample_weight(rt: RequestTimeline) -> int:
 
 def weights_of(requests: Sequence[RequestTimeline]) -> list[int] | None:
     """Each request's sample weight, or None when every request counts once (nothing was sampled)."""
+    if not any_sampled(requests):
+        return None
     weights = [sample_weight(rt) for rt in requests]
     return weights if any(w != 1 for w in weights) else None
+
+
+def any_sampled(requests: Sequence[RequestTimeline]) -> bool:
+    """Whether any request's root says it stands for others (`SAMPLE_WEIGHT`): when none does, each weighs 1."""
+    key = SAMPLE_WEIGHT
+    return any(key in (rt.request[7] or ()) for rt in requests)  # (attrs by index: every request)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
