@@ -19,6 +19,7 @@ from latprof.analysis.span_inference import infer_from_spans
 from latprof.report.model import Report, build_report
 from latprof.analysis.timeline import RequestTimeline, Timeline, build_timeline, with_read_segments
 from latprof.errors import InputError
+from latprof.analysis.genai import is_unstreamed
 from latprof.attach.reconstruct import RECONSTRUCTED
 
 if TYPE_CHECKING:
@@ -106,7 +107,8 @@ def run_diagnosis(
             return Diagnosis(None, found, build_attach_report(samples, found), samples)
         if timeline.source_kind in TRACE_SOURCES:
             timeline = infer_from_spans(timeline, warmup_s)
-            if not exact and trace_id is None:  # mapped and inferred whole; analysed cohort-first
+            # mapped and inferred whole; analysed cohort-first unless a call's first token is unknown somewhere
+            if not exact and trace_id is None and not any_unstreamed(timeline):
                 chosen = pick(timeline, warmup_s, sample_requests=sample_requests, max_read_share=max_read_share,
                               cohort_cap=cohort_cap)  # fmt: skip
                 if chosen is not None:
@@ -121,6 +123,14 @@ def run_diagnosis(
         findings = run_rules(analysis, default_rules() if rules is None else rules)
         explained = explain(analysis) if trace_id is not None or len(timeline.requests) < MIN_REQUESTS_FOR_VERDICT else None
         return Diagnosis(analysis, findings, build_report(analysis, findings, explained))
+
+
+def any_unstreamed(timeline: Timeline) -> bool:
+    """Whether any request has an LLM call whose first token is unknown (`TTFT_KNOWN` false: a non-streamed
+    call, or one whose chunk events were lost). The analysis splits such a call into provider and model by the
+    decode rates of every streamed and non-streamed call it analyses (`genai.unstreamed_splitter`), so a trace
+    file holding one is analysed whole: the split, and the tail numbers made of it, are then the exact analysis's."""
+    return any(is_unstreamed(segment) for rt in timeline.requests for segment in rt.segments)
 
 
 def unpicked_let_go(timeline: Timeline, chosen: Pick) -> Timeline:

@@ -32,7 +32,7 @@ from latprof.export import EXPORT, read_input
 from latprof.layers import DB_POOL, DB_QUERY, PROVIDER
 from latprof.pipeline import run_diagnosis
 from latprof.report.renderers.report_common import estimated_line
-from latprof.semconv import SAMPLE_WEIGHT
+from latprof.semconv import SAMPLE_WEIGHT, TTFT_KNOWN
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -311,3 +311,20 @@ def test_a_trace_file_is_inferred_whole_and_analysed_cohort_first(tmp_path: Path
     said = b["collection"]["estimated"]
     assert said["method"] == "cohort-first" and said["requests_read"] == analysis.population.materialised
     assert "estimated" not in a["collection"]
+
+
+def test_a_trace_file_with_a_call_whose_first_token_is_unknown_is_analysed_whole(tmp_path: Path) -> None:
+    """A non-streamed LLM call is split into provider and model by the decode rates of every call analysed
+    (`genai.unstreamed_splitter`): read from the picked requests alone, the median's split - and the tail numbers
+    made of it - would differ from the full analysis's, so such a trace file is analysed whole."""
+    events = _pooled_traffic(3000, 3, 5)
+    events = [e._replace(attrs={TTFT_KNOWN: False}) if isinstance(e, Segment) and e.layer == PROVIDER and k % 7 == 0 else e
+              for k, e in enumerate(events)]  # fmt: skip
+    capture = _write(tmp_path / "unstreamed.jsonl", events)
+    traces = tmp_path / "unstreamed.otlp.jsonl"
+    with open(traces, "w", encoding="utf-8") as out:
+        EXPORT.render("otlp", read_input([capture]), out)
+    diagnosis = run_diagnosis([traces], sample_requests=200)
+    assert diagnosis.analysis is not None and diagnosis.analysis.population is None
+    assert any(s.attrs.get(TTFT_KNOWN) is False for rt in diagnosis.analysis.timeline.requests for s in rt.segments)
+    assert "estimated" not in diagnosis.report.to_dict()["collection"]
