@@ -21,9 +21,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from revision import revision_tree
 
 HERE = Path(__file__).resolve().parent
 FLOOR = """
@@ -55,16 +56,8 @@ def main() -> None:
     parser.add_argument("--capture", type=Path, help="existing capture to use instead of generating one")
     parser.add_argument("--against", metavar="REV", help="also time the analysis by git revision REV, side by side")
     args = parser.parse_args()
-    if args.against:
-        with tempfile.TemporaryDirectory(prefix="latprof-bench-rev-") as tmp:
-            worktree = Path(tmp) / "tree"
-            subprocess.run(["git", "worktree", "add", "-q", "--detach", str(worktree), args.against], cwd=HERE.parent, check=True)
-            try:
-                run(args, worktree)
-            finally:
-                subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=HERE.parent, check=False)
-    else:
-        run(args, None)
+    with revision_tree(args.against or None) as against:
+        run(args, against)
 
 
 def run(args: argparse.Namespace, against: Path | None) -> None:

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from revision import revision_tree
+
 HERE = Path(__file__).resolve().parent
 FLOOR = """
 import os, sys, time, orjson
@@ -80,16 +82,8 @@ def main() -> None:
     parser.add_argument("--file", type=Path, help="an existing OTLP JSON lines file to use instead of generating one")
     parser.add_argument("--against", metavar="REV", help="also time the analysis by git revision REV, side by side")
     args = parser.parse_args()
-    if args.against:
-        with tempfile.TemporaryDirectory(prefix="latprof-bench-rev-") as tmp:
-            worktree = Path(tmp) / "tree"
-            subprocess.run(["git", "worktree", "add", "-q", "--detach", str(worktree), args.against], cwd=HERE.parent, check=True)
-            try:
-                run(args, worktree)
-            finally:
-                subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=HERE.parent, check=False)
-    else:
-        run(args, None)
+    with revision_tree(args.against or None) as against:
+        run(args, against)
 
 
 def run(args: argparse.Namespace, against: Path | None) -> None:

@@ -39,7 +39,6 @@ from latprof.analysis.requests import (
     Cohorts,
     Population,
     Window,
-    any_sampled,
     cohorts,
     coverage,
     kept_indices,
@@ -48,6 +47,7 @@ from latprof.analysis.requests import (
     sample_weight,
     sampling_warning,
     summarize_latency,
+    weights_of,
     windows,
 )
 from latprof.analysis.timeline import RequestTimeline, Timeline
@@ -160,7 +160,7 @@ def _drawn(cohort: tuple[int, ...], factor: dict[int, int]) -> tuple[int, ...]:
 
 def _weights(timeline: Timeline, kept: list[int]) -> list[int] | None:
     """The sample weights of the kept requests, as `analyze` takes them (None when nothing was sampled)."""
-    if not any_sampled(timeline.requests) or all(sample_weight(rt) == 1 for rt in timeline.requests):
+    if weights_of(timeline.requests) is None:
         return None
     return [sample_weight(timeline.requests[i]) for i in kept]
 

@@ -585,10 +585,9 @@ class _Half:
         """Wait for the child and add its segments after the caller's; how many. Should it have
         failed, the caller's process reads the half itself."""
         # unpickled as it comes (not read whole first: its bytes and its segments are not held at once)
-        sent: Any = None
         with os.fdopen(self.pipe, "rb") as pipe:
             try:
-                sent = pickle.load(pipe)
+                sent: Any = pickle.load(pipe)
             except Exception:  # the child died or said nothing whole: its half is read here below
                 sent = None
         _, status = os.waitpid(self.pid, 0)

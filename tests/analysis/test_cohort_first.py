@@ -281,15 +281,20 @@ def _pooled_traffic(n: int, pool: int, seed: int) -> list[Request | Segment]:
     return events
 
 
+def _as_otlp(path: Path, events: list[Request | Segment]) -> Path:
+    """`events` as the OTLP JSON file `latprof export` makes of their capture."""
+    capture = _write(path.with_name(path.name + ".capture.jsonl"), events)
+    with open(path, "w", encoding="utf-8") as out:
+        EXPORT.render("otlp", read_input([capture]), out)
+    return path
+
+
 def test_a_trace_file_is_inferred_whole_and_analysed_cohort_first(tmp_path: Path) -> None:
     """A trace file's inferences compare each trace with the ones beside it, so it is mapped and inferred whole;
     the analysis then reads the cohorts and a sample, as a capture's does: the same verdict (a pool inferred from
     the gaps before the first statement), rules and tail numbers as the full analysis, the unpicked requests'
     segments let go, and the report saying what it estimated."""
-    capture = _write(tmp_path / "pooled.jsonl", _pooled_traffic(3000, 3, 5))
-    traces = tmp_path / "pooled.otlp.jsonl"
-    with open(traces, "w", encoding="utf-8") as out:
-        EXPORT.render("otlp", read_input([capture]), out)
+    traces = _as_otlp(tmp_path / "pooled.otlp.jsonl", _pooled_traffic(3000, 3, 5))
     full = run_diagnosis([traces], exact=True)
     first = run_diagnosis([traces], sample_requests=200)
     assert full.analysis is not None and full.analysis.population is None
@@ -320,10 +325,7 @@ def test_a_trace_file_with_a_call_whose_first_token_is_unknown_is_analysed_whole
     events = _pooled_traffic(3000, 3, 5)
     events = [e._replace(attrs={TTFT_KNOWN: False}) if isinstance(e, Segment) and e.layer == PROVIDER and k % 7 == 0 else e
               for k, e in enumerate(events)]  # fmt: skip
-    capture = _write(tmp_path / "unstreamed.jsonl", events)
-    traces = tmp_path / "unstreamed.otlp.jsonl"
-    with open(traces, "w", encoding="utf-8") as out:
-        EXPORT.render("otlp", read_input([capture]), out)
+    traces = _as_otlp(tmp_path / "unstreamed.otlp.jsonl", events)
     diagnosis = run_diagnosis([traces], sample_requests=200)
     assert diagnosis.analysis is not None and diagnosis.analysis.population is None
     assert any(s.attrs.get(TTFT_KNOWN) is False for rt in diagnosis.analysis.timeline.requests for s in rt.segments)

@@ -293,7 +293,6 @@ def test_a_truncated_gzip_capture_is_read_up_to_the_cut(tmp_path: Path) -> None:
     assert two.requests == full.requests
 
 
-
 def test_the_first_timeline_with_the_second_pass_segments_is_the_timeline_built_again(tmp_path: Path) -> None:
     """`with_read_segments` adds what the second pass read to the first pass's timeline: the same timeline as
     `build_timeline` makes of everything read - with a request recorded twice, one that ends before it starts,
@@ -306,8 +305,8 @@ def test_the_first_timeline_with_the_second_pass_segments_is_the_timeline_built_
                QualityRecord("hook_error", T0, PID, "a hook failed", 2)]  # fmt: skip
     # the keys in another order: not deferred, read by the first pass (one of a request picked, one in flight)
     early = [encode(segments(ids[3], 3)[0]), encode(segments("d" * 32, 42)[0])]
-    lines = [header(), *map(line, events), *(orjson.dumps(dict(reversed(list(e.items())))) for e in early), orjson.dumps(encode(
-        Segment("f" * 32, "late-f", None, "in flight", "db.query", T0, T0 + 5, PID))), line(request(ids[0], 50))]
+    lines = [header(), *map(line, events), *(orjson.dumps(dict(reversed(list(e.items())))) for e in early),
+             line(Segment("f" * 32, "late-f", None, "in flight", "db.query", T0, T0 + 5, PID)), line(request(ids[0], 50))]
     path = write(tmp_path / "mixed.jsonl", lines)
     data = read_captures([path], defer_segments=True)
     first = build_timeline(data)
