@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
@@ -12,7 +11,7 @@ from latprof.analysis.requests import DEFAULT_MIN_TAIL_EXCESS_MS, DEFAULT_WARMUP
 from latprof.capture.files import gc_paused
 from latprof.capture.format import SOURCE_KINDS, TRACE_SOURCES
 from latprof.analysis.cohort_first import DEFAULT_COHORT_CAP, DEFAULT_SAMPLE_REQUESTS, MAX_READ_SHARE, Pick, analyze_picked, pick
-from latprof.capture.reader import read_captures, read_deferred_segments
+from latprof.capture.reader import Input, read_captures, read_deferred_segments
 from latprof.ci.config import Config
 from latprof.engine import Finding, Rule, all_rules, configured, run_rules
 from latprof.analysis.span_inference import infer_from_spans
@@ -46,7 +45,7 @@ class Diagnosis:
 
 
 def run_diagnosis(
-    paths: Iterable[str | os.PathLike[str]],
+    paths: Iterable[Input],
     *,
     warmup_s: float | None = DEFAULT_WARMUP_S,
     rules: Sequence[Rule] | None = None,
@@ -173,7 +172,7 @@ def services_of(timeline: Timeline) -> dict[int, str]:
 
 
 def run_configured(
-    paths: Iterable[str | os.PathLike[str]],
+    paths: Iterable[Input],
     config: Config,
     rule_classes: Sequence[type[Rule]],
     *,
@@ -194,7 +193,7 @@ def run_configured(
 
 
 def diagnose(
-    paths: Iterable[str | os.PathLike[str]],
+    paths: Iterable[Input],
     *,
     warmup_s: float = DEFAULT_WARMUP_S,
     rules: Sequence[Rule] | None = None,

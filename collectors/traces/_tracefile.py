@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,17 @@ ZERO_SPAN_ID = "0" * 16
 DIGITS = frozenset("0123456789")
 #: Distinct strings remembered per file to share one object of each (bounds memory).
 SHARED_MAX = 500_000
+
+#: OpenTelemetry attributes that are integers (Zipkin tags and the ClickHouse exporter's maps carry them as text), among them those latprof reads.
+INT_ATTRIBUTES = frozenset({
+    "http.response.status_code", "http.status_code", "server.port", "client.port", "net.peer.port", "net.host.port",
+    "network.peer.port", "network.local.port", "http.request.resend_count", "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens", "db.operation.batch.size", "db.response.returned_rows", "messaging.batch.message_count",
+    "rpc.grpc.status_code", "process.pid", "thread.id",
+})  # fmt: skip
+#: OpenTelemetry (and latprof-read) attributes that are floating-point numbers.
+FLOAT_ATTRIBUTES = frozenset({"gen_ai.response.time_to_first_chunk", "gen_ai.request.temperature", "gen_ai.request.top_p"})
+_FLOAT_TEXT = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 _CHUNK = 1 << 16
 HEX = "0123456789abcdef"
@@ -97,6 +109,17 @@ def trim_caches(shared: dict[str, str], parent_ids: dict[str, str], trace_ids: d
         parent_ids.clear()
     if len(trace_ids) > 4 * SHARED_MAX:
         trace_ids.clear()
+
+
+def number_attribute(key: str, value: str) -> Any:
+    """An attribute's text as the number the OpenTelemetry attribute `key` is, when it is one of those and reads as one."""
+    if key in INT_ATTRIBUTES:
+        digits = value[1:] if value.startswith("-") else value
+        if digits and digits.isascii() and DIGITS.issuperset(digits):
+            return int(value)
+    elif key in FLOAT_ATTRIBUTES and value.isascii() and _FLOAT_TEXT.fullmatch(value):
+        return float(value)
+    return value
 
 
 def sniff_text(head: bytes) -> bytes:

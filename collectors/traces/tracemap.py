@@ -57,6 +57,7 @@ from latprof.semconv import (
     HTTP_ROUTE,
     LLM_CALL_ID,
     QUEUE_SOURCE,
+    SAMPLE_WEIGHT,
     SPAN_STATUS_ERROR,
     SPLIT_UNKNOWN,
     TTFT_KNOWN,
@@ -491,6 +492,8 @@ def map_trace(
         downstream = downstream and root[4] == KIND_SERVER  # a proxy's root is a server span
         if downstream or _REQUEST_START[0] in root_attrs or _REQUEST_START[1] in root_attrs:
             kept = _root_attrs(root, kept, downstream)
+        if SAMPLE_WEIGHT in root_attrs:  # a request read one in k (ClickHouse's pick, a sampled capture exported) stands for k
+            kept = {**kept, SAMPLE_WEIGHT: root_attrs[SAMPLE_WEIGHT]}
         out.requests.append(
             new(Request, (request_id, route_of(root), start_ns, end_ns, _instance(root, counts), _cpu_ns(root_attrs),
                           status if type(status) is int else None, kept))

@@ -22,7 +22,6 @@ that cannot be read is dropped, each counted into one warning per reason.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -30,7 +29,8 @@ import orjson
 
 from latprof.capture.files import gc_paused
 from latprof.collectors.traces._tracefile import first_keys as _first_keys, has_key as _has_key, hex_id as _hex_id, json_type as _json_type, micros_ns as _micros_ns
-from latprof.collectors.traces._tracefile import DIGITS as _DIGITS, SHARED_MAX as _SHARED_MAX, ReaderState, TraceRead
+from latprof.collectors.traces._tracefile import SHARED_MAX as _SHARED_MAX, ReaderState, TraceRead
+from latprof.collectors.traces._tracefile import FLOAT_ATTRIBUTES as _FLOAT_TAGS, INT_ATTRIBUTES as _INT_TAGS, number_attribute as _number_tag
 from latprof.collectors.traces._tracefile import ZERO_SPAN_ID as _ZERO_SPAN_ID, ZERO_TRACE_ID as _ZERO_TRACE_ID, sniff_text as _sniff_text
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
@@ -48,16 +48,6 @@ from latprof.collectors.traces.spans import (
 #: How far into a file `sniff` looks for the keys of a span.
 _SNIFF_KEY_WINDOW = 4096
 _DIGIT_CHARS = tuple("0123456789")
-#: OpenTelemetry attributes that are integers (Zipkin tags carry them as text), among them those latprof reads.
-_INT_TAGS = frozenset({
-    "http.response.status_code", "http.status_code", "server.port", "client.port", "net.peer.port", "net.host.port",
-    "network.peer.port", "network.local.port", "http.request.resend_count", "gen_ai.usage.input_tokens",
-    "gen_ai.usage.output_tokens", "db.operation.batch.size", "db.response.returned_rows", "messaging.batch.message_count",
-    "rpc.grpc.status_code", "process.pid", "thread.id",
-})  # fmt: skip
-#: OpenTelemetry (and latprof-read) attributes that are floating-point numbers.
-_FLOAT_TAGS = frozenset({"gen_ai.response.time_to_first_chunk", "gen_ai.request.temperature", "gen_ai.request.top_p"})
-_FLOAT_TEXT = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 @dataclass
@@ -103,17 +93,6 @@ def read_zipkin_json(path: str | os.PathLike[str]) -> ZipkinRead:
     with gc_paused():
         reader.read()
     return reader.result()
-
-
-def _number_tag(key: str, value: str) -> Any:
-    """A tag's text as the number the OpenTelemetry attribute `key` is, when it is one of those and reads as one."""
-    if key in _INT_TAGS:
-        digits = value[1:] if value.startswith("-") else value
-        if digits and digits.isascii() and _DIGITS.issuperset(digits):
-            return int(value)
-    elif key in _FLOAT_TAGS and value.isascii() and _FLOAT_TEXT.fullmatch(value):
-        return float(value)
-    return value
 
 
 def _annotation(value: str) -> tuple[str, Mapping[str, Any]]:

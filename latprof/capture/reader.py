@@ -25,6 +25,7 @@ from latprof.capture.segment_lines import Parsed, SegmentLine, request_id_of, se
 from latprof.errors import InputError, SchemaVersionError
 from latprof.events import Gauge, QualityRecord, Request, Segment, StackSample
 from latprof.collectors.traces import jaeger_json, otlp_json, otlp_proto, zipkin_json
+from latprof.collectors.traces.clickhouse import ClickHouseSource
 from latprof.collectors.traces.spans import Span
 from latprof.collectors.traces.tracemap import SpanFacts, map_spans
 from latprof.semconv import NOTE_CLOSED
@@ -109,7 +110,11 @@ def expand_inputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 SEGMENT_LINE_PREFIX = b'{"type":"segment","request_id":"'
 
 
-def read_captures(paths: Iterable[str | os.PathLike[str]], *, defer_segments: bool = False) -> CaptureData:
+#: What can be read: a capture or trace file (or a directory of them), or a table of spans (`ClickHouseSource`).
+Input = str | os.PathLike[str] | ClickHouseSource
+
+
+def read_captures(paths: Iterable[Input], *, defer_segments: bool = False) -> CaptureData:
     """Read every capture named by `paths` into one `CaptureData`.
 
     Raises `InputError` (one line, naming the file and line) for a missing, empty or
@@ -122,11 +127,23 @@ def read_captures(paths: Iterable[str | os.PathLike[str]], *, defer_segments: bo
     counted in `deferred_segments`, not parsed; every other line is read as usual.
     `read_deferred_segments` reads them later, for the requests wanted. Only capture files
     are deferred (trace files are read whole) and only regular files (a pipe is read once).
+    A `ClickHouseSource` among `paths` is asked for its spans (`latprof.collectors.traces.clickhouse`),
+    which are then mapped with those of the trace files.
     """
     data = CaptureData()
     spans: list[Span] = []
     formats: list[tuple[str, str]] = []  # (source kind, reader module) of each trace format read, in order
-    for path in expand_inputs(paths):
+    paths = list(paths)
+    for source in paths:  # tables of spans (ClickHouse): what they pick comes back as spans, as a trace file's
+        if isinstance(source, ClickHouseSource):
+            data.inputs.append(str(source))
+            read_table = source.read()
+            spans.extend(read_table.spans)
+            data.warnings.extend(read_table.warnings)
+            if ("otlp", "clickhouse") not in formats:
+                formats.append(("otlp", "clickhouse"))
+            del read_table
+    for path in expand_inputs([p for p in paths if not isinstance(p, ClickHouseSource)]):
         data.inputs.append(str(path))
         trace_format = _trace_format(path)
         if trace_format is not None:

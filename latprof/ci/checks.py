@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from latprof.analysis.requests import NS_PER_MS, Analysis, LatencySummary, percentile, summarize_latency, weighted_percentile
+from latprof.capture.reader import Input
 from latprof.events import Segment
 from latprof.ci.config import BUDGET_METRICS, LAYER_METRICS, Config, CustomCheck, Limit, load_config, percentile_of
 from latprof.engine import Finding, Rule
@@ -390,7 +391,7 @@ def _attrs_match(attrs: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     return all(k in attrs and (attrs[k] == v or str(attrs[k]) == str(v)) for k, v in wanted.items())
 
 
-def check_paths(paths: Sequence[str | os.PathLike[str]], *, config_path: str | os.PathLike[str] | None = None,
+def check_paths(paths: Sequence[Input], *, config_path: str | os.PathLike[str] | None = None,
                 baseline: str | os.PathLike[str] | None = None, warmup_s: float | None = None,
                 config: Config | None = None, exact: bool = False, sample_requests: int | None = None) -> CheckRun:  # fmt: skip
     """Diagnose `paths` with the configured rules and run every configured check (`latprof check`).

@@ -52,6 +52,8 @@ import orjson
 from latprof.analysis.cohort_first import DEFAULT_SAMPLE_REQUESTS
 from latprof.analysis.requests import DEFAULT_WARMUP_S, Analysis
 from latprof.engine import Finding, fmt_ms
+from latprof.capture.reader import Input
+from latprof.collectors.traces.clickhouse import ClickHouseSource
 from latprof.errors import InputError
 from latprof.layers import LAYERS
 from latprof.report.model import SCHEMA as REPORT_SCHEMA
@@ -479,7 +481,7 @@ class Loaded:
     diagnosis: Diagnosis | None = None
 
 
-def load(path: str | os.PathLike[str], *, warmup_s: float = DEFAULT_WARMUP_S, exact: bool = False,
+def load(path: Input, *, warmup_s: float = DEFAULT_WARMUP_S, exact: bool = False,
          sample_requests: int = DEFAULT_SAMPLE_REQUESTS) -> Loaded:  # fmt: skip
     """Read one side of a diff: a saved `latprof.report/1` JSON report (told by its content) as
     it is, anything else by `run_diagnosis` (captures, trace files, directories of them).
@@ -487,8 +489,11 @@ def load(path: str | os.PathLike[str], *, warmup_s: float = DEFAULT_WARMUP_S, ex
     `warmup_s` applies to captures only: a saved report was diagnosed already. Unreadable
     input raises `InputError`.
     """
-    label = os.fspath(path)
-    saved = read_saved_report(path)
+    if isinstance(path, ClickHouseSource):  # a table of spans (its range in the URL): never a saved report
+        label, saved = str(path), None
+    else:
+        label = os.fspath(path)
+        saved = read_saved_report(path)
     if saved is not None:
         return Loaded(saved, None, label)
     from latprof.pipeline import run_diagnosis
@@ -498,8 +503,8 @@ def load(path: str | os.PathLike[str], *, warmup_s: float = DEFAULT_WARMUP_S, ex
 
 
 def diff_paths(
-    before: str | os.PathLike[str],
-    after: str | os.PathLike[str],
+    before: Input,
+    after: Input,
     *,
     warmup_s: float = DEFAULT_WARMUP_S,
     threshold_pct: float | None = None,

@@ -193,7 +193,7 @@ class Judging:
         #: --skip-warmup when given on the command line; None: the config's, else the default
         self.warmup_s = warmup_s
 
-    def diagnose(self, paths: Sequence[Path], source_kind: str | None = None, trace_id: str | None = None,
+    def diagnose(self, paths: Sequence[Any], source_kind: str | None = None, trace_id: str | None = None,
                  exact: bool = False, sample_requests: int | None = None) -> Diagnosis:  # fmt: skip
         from latprof.pipeline import run_configured
 
@@ -222,6 +222,44 @@ def reading_options(command: Callable[..., Any]) -> Callable[..., Any]:
         " trace file is read and inferred whole, then analysed so); the verdict and tail numbers are exact, the layers'"
         " p50/p99 estimated (the report's collection.estimated says so).",
     )(command)  # fmt: skip
+
+
+#: A command's inputs (paths, or `clickhouse://` URLs) as typed: `resolve_inputs` makes each a `Path` or a source (a
+#: `click.Path` would fold a URL's "//").
+INPUT = click.UNPROCESSED
+
+
+def table_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--since`, `--until`, `--service`, `--route`: which requests of a `clickhouse://` input to read."""
+    for option in reversed((
+        click.option("--since", metavar="TIME", help="For clickhouse:// inputs: read the requests that began since TIME (1h, 30m, 2d ago;"
+                     " an ISO 8601 time; epoch seconds). Required for them, unless the URL says since=."),
+        click.option("--until", metavar="TIME", help="For clickhouse:// inputs: ... and before TIME [default: now]."),
+        click.option("--service", metavar="NAME", help="For clickhouse:// inputs: only the requests whose root span is this service's."),
+        click.option("--route", metavar="ROUTE", help="For clickhouse:// inputs: only this route, as the report names it ('GET /chat')."),
+    )):  # fmt: skip
+        command = option(command)
+    return command
+
+
+def resolve_inputs(values: Sequence[Any], *, since: str | None, until: str | None, service: str | None, route: str | None,
+                   sample_requests: int) -> list[Any]:  # fmt: skip
+    """The command's inputs with each `clickhouse://` URL made a source, its range and filters from the URL, else the
+    options; its warnings (a password in the URL) said on stderr. The options without such an input are a usage error."""
+    from latprof.collectors.traces.clickhouse import is_clickhouse_url, source_of
+
+    out: list[Any] = []
+    for value in values:
+        if is_clickhouse_url(value):
+            source = source_of(value, since=since, until=until, service=service, route=route, sample_requests=sample_requests)
+            for warning in source.warnings:
+                click.echo(f"latprof: warning: {warning}", err=True)
+            out.append(source)
+        else:
+            out.append(Path(value))
+    if len(out) == sum(isinstance(v, Path) for v in out) and any(v is not None for v in (since, until, service, route)):
+        raise click.UsageError("--since, --until, --service and --route apply to clickhouse:// inputs only")
+    return out
 
 
 def given_warmup(ctx: click.Context, warmup_s: float) -> float | None:

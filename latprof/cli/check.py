@@ -9,13 +9,13 @@ from pathlib import Path
 import click
 
 from latprof.analysis.requests import DEFAULT_WARMUP_S
-from latprof.cli._common import KEEP_UNTIL_EXIT, config_option, emit, main, output_option, reading_options
+from latprof.cli._common import INPUT, KEEP_UNTIL_EXIT, config_option, emit, main, output_option, reading_options, resolve_inputs, table_options
 from latprof.errors import InputError
 from latprof.report import renderers
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=INPUT)
 @config_option
 @click.option("--baseline", type=click.Path(path_type=Path), metavar="CAPTURE",
               help="A capture (or trace file) of an earlier run: the reference of relative budgets like '+10%'.")
@@ -27,13 +27,15 @@ from latprof.report import renderers
 @click.option("--skip-warmup", "warmup_s", type=click.FloatRange(min=0), default=None, metavar="S",
               help=f"Leave out the first S seconds of each process's traffic [default: the config's skip_warmup_s, or {DEFAULT_WARMUP_S:g}].")
 @reading_options
+@table_options
 @click.pass_context
 def check(ctx: click.Context, paths: tuple[Path, ...], config_path: Path | None, baseline: Path | None,
           junit: Path | None, sarif: Path | None, fmt: str, output: Path | None, warmup_s: float | None,
-          exact: bool, sample_requests: int) -> None:  # fmt: skip
+          exact: bool, sample_requests: int, since: str | None, until: str | None, service: str | None,
+          route: str | None) -> None:  # fmt: skip
     """Run the rules and budgets as a CI gate: exit 0 when every check passes, 1 when one fails.
 
-    PATHS are what `latprof analyze` reads. The checks are the budgets and declarative checks of
+    PATHS are what `latprof analyze` reads (clickhouse:// URLs too). The checks are the budgets and declarative checks of
     the config, and every enabled rule (built-in or from an installed package): a rule fails its
     check when it finds something. Exit 2 for bad input or configuration. Under GitHub Actions
     (GITHUB_ACTIONS=true) failures also become ::error/::warning annotations and a summary in
@@ -42,7 +44,8 @@ def check(ctx: click.Context, paths: tuple[Path, ...], config_path: Path | None,
     from latprof.ci.check_output import emit_github, write_junit, write_sarif
     from latprof.ci.checks import check_paths
 
-    run = check_paths(paths, config_path=config_path, baseline=baseline, warmup_s=warmup_s, exact=exact,
+    inputs = resolve_inputs(paths, since=since, until=until, service=service, route=route, sample_requests=sample_requests)
+    run = check_paths(inputs, config_path=config_path, baseline=baseline, warmup_s=warmup_s, exact=exact,
                       sample_requests=sample_requests)  # fmt: skip
     KEEP_UNTIL_EXIT.append(run)
     for path, write in ((junit, write_junit), (sarif, write_sarif)):
