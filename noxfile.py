@@ -102,6 +102,17 @@ def litellm(session: nox.Session) -> None:
                      "no_proxy": "127.0.0.1,localhost"})  # fmt: skip
 
 
+@nox.session
+def clickhouse(session: nox.Session) -> None:
+    """The ClickHouse reader against ClickHouse's own engine in-process (chdb, the `test-clickhouse` extra: 180 MB and
+    pandas and pyarrow, which no other test needs): the exporter's tables loaded with real recordings, read by latprof's
+    queries directly and through clickhouse-connect over HTTP. Skips fail."""
+    session.install("-e", ".[test-clickhouse]", "-c", "tests/constraints.txt")
+    tests = session.posargs or ["tests/collectors/traces/test_clickhouse.py"]
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow", *tests,
+                env={"LATPROF_FORBID_SKIPS": "1", "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"})  # fmt: skip
+
+
 #: What every GenAI instrumentation session installs: latprof, the test runner, the official openai
 #: client (its line from the constraints), the stock SDK and its OTLP/HTTP exporter.
 GENAI_BASE = ["-e", ".", "pytest", "jsonschema", "openai", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]

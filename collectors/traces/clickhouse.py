@@ -41,12 +41,16 @@ from latprof.semconv import SAMPLE_WEIGHT
 SCHEMES = ("clickhouse", "clickhouses")  # clickhouses: over HTTPS
 DEFAULT_PORTS = {"clickhouse": 8123, "clickhouses": 8443}
 DEFAULT_TABLE = "otel_traces"
-#: The share of the requests above which every request is brought back (as `cohort_first.MAX_READ_SHARE`).
-MAX_READ_SHARE = 0.6
+#: `latprof.analysis.cohort_first`'s sample, cohort cap and the share above which everything is read (not imported:
+#: the analysis imports the readers; a test holds them equal).
+DEFAULT_SAMPLE_REQUESTS, DEFAULT_COHORT_CAP, MAX_READ_SHARE = 10_000, 20_000, 0.6
 #: The shares of requests in the tail (p95 and up) and the median cohort (p40-p60).
 _TAIL_SHARE, _MEDIAN_SHARE = 0.05, 0.20
 _AGO = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Distinct attribute maps shared per read (past it, forgotten: a table of all-distinct attributes pays little for it).
+_MAX_SHARED_ATTRIBUTES = 1 << 16
+_MAX_SHARED_IDS = 1 << 20
 _SCOPE_KEYS = ("otel.scope.name", "otel.scope.version", "otel.library.name", "otel.library.version")
 
 
@@ -212,8 +216,8 @@ class ClickHouseSource:
 
     target: Target
     selection: Selection
-    sample_requests: int = 10_000
-    cohort_cap: int = 20_000
+    sample_requests: int = DEFAULT_SAMPLE_REQUESTS
+    cohort_cap: int = DEFAULT_COHORT_CAP
     runner: Callable[[Target], Runner] = HttpRunner
     warnings: list[str] = field(default_factory=list)
 
@@ -226,7 +230,7 @@ class ClickHouseSource:
 
 def source_of(url: str, *, since: str | None = None, until: str | None = None, service: str | None = None,
               route: str | None = None, now_ns: int | None = None, env: Mapping[str, str] | None = None,
-              sample_requests: int = 10_000) -> ClickHouseSource:  # fmt: skip
+              sample_requests: int = DEFAULT_SAMPLE_REQUESTS) -> ClickHouseSource:  # fmt: skip
     """The source a command line names: the URL, with the time range and filters the URL gives, else those given here
     (`--since` is required one way or the other; `--until` defaults to now)."""
     target, warnings = parse_url(url, env)
@@ -260,6 +264,10 @@ def inspect_table(runner: Runner, target: Target) -> sql.Schema:
     if missing:
         raise InputError(f"{target.shown}: {target.database}.{target.table} is not a table of the Collector's ClickHouse exporter:"
                          f" no column {', '.join(missing)}")  # fmt: skip
+    typed = [name for name in ("SpanAttributes", "ResourceAttributes") if not columns[name].startswith("Map(")]
+    if typed:  # the exporter's JSON-typed variant (`traces_json_table.sql`): its attributes are not read by key here yet
+        raise InputError(f"{target.shown}: {target.database}.{target.table} keeps {' and '.join(typed)} as"
+                         f" {columns[typed[0]]}, not the exporter's Map(LowCardinality(String), String): not read yet")  # fmt: skip
     lookup = f"{target.table}_trace_id_ts"
     found = [count for (count,) in rows(runner.query(sql.table_exists_sql(), {"database": target.database, "table": lookup}))]
     return sql.Schema(target.database, target.table, "ScopeName" in columns, lookup if found and int(found[0]) else None)
@@ -329,6 +337,8 @@ class _SpanRows:
         self.skipped: dict[str, int] = {}
         self.shared: dict[str, str] = {}
         self.resources: dict[Any, Mapping[str, Any]] = {}
+        self.by_text: dict[Any, dict[str, Any]] = {}
+        self.ids: dict[str, str] = {}
 
     def add(self, row: list[Any]) -> None:
         try:
@@ -349,8 +359,12 @@ class _SpanRows:
             return
         shared = self.shared
         span_attrs = self._attributes(attrs)
-        for key in _SCOPE_KEYS:  # the exporter before its ScopeName column kept the scope among the attributes
-            span_attrs.pop(key, None)
+        ids = self.ids  # a trace's id, and a parent's, one string for all the spans that name it
+        if len(ids) > _MAX_SHARED_IDS:
+            ids.clear()
+        trace_id = ids.setdefault(trace_id, trace_id)
+        if parent_id:
+            parent_id = ids.setdefault(parent_id, parent_id)
         events = tuple(
             SpanEvent(shared.setdefault(ev_name, ev_name), int(ts), self._attributes(ev_attrs) or NO_ATTRS)
             for ts, ev_name, ev_attrs in zip(event_times, event_names, event_attrs)
@@ -363,8 +377,23 @@ class _SpanRows:
         ))  # fmt: skip
 
     def _attributes(self, attrs: Any) -> dict[str, Any]:
+        """The attributes read back (numbers where latprof reads numbers); spans of one kind from one place repeat
+        theirs, so one dict per distinct map is shared by them (no one changes a span's attributes)."""
         if type(attrs) is not dict:
             return {}
+        key = tuple(attrs.items())
+        known = self.by_text.get(key)
+        if known is not None:
+            return known
+        if len(self.by_text) >= _MAX_SHARED_ATTRIBUTES:
+            self.by_text.clear()
+        out = self._attributes_of(attrs)
+        if any(name in out for name in _SCOPE_KEYS):  # the exporter before its ScopeName column kept the scope there
+            out = {name: value for name, value in out.items() if name not in _SCOPE_KEYS}
+        self.by_text[key] = out
+        return out
+
+    def _attributes_of(self, attrs: dict[str, Any]) -> dict[str, Any]:
         shared = self.shared
         out: dict[str, Any] = {}
         for key, value in attrs.items():
@@ -379,7 +408,7 @@ class _SpanRows:
         key = tuple(resource.items())
         found = self.resources.get(key)
         if found is None:
-            found = self.resources[key] = self._attributes(resource)
+            found = self.resources[key] = self._attributes_of(resource)
         return found
 
     def _skip(self, reason: str) -> None:

@@ -890,7 +890,8 @@ def materialise(kept: list[RequestTimeline]) -> tuple[list[dict[str, float]], di
 
 def sampling_warning(recorded: int, represented: int) -> str:
     return (
-        f"sampled: {recorded:,} requests recorded stand for about {represented:,} (above `latprof run --max-rate`"
-        " requests a second per process the hooks record a random sample); counts, percentiles, cohorts and"
-        " layer times weigh each recorded request by the requests it stands for"
+        f"sampled: {recorded:,} requests recorded stand for about {represented:,} (each carries latprof.sample_weight:"
+        " above `latprof run --max-rate` requests a second per process the hooks record a random sample, and ClickHouse's"
+        " pick brings back one in k of a large range); counts, percentiles, cohorts and layer times weigh each recorded"
+        " request by the requests it stands for"
     )

@@ -151,3 +151,124 @@ def test_retries_after_429s_are_inferred_from_the_exporters_text_attributes(tmp_
     assert _summary(from_file)["verdict"][:2] == ("retry", "retry-backoff")
     [retry] = [f for f in from_table.report.to_dict()["findings"] if f["rule"] == "retry-backoff"]
     assert list(retry["evidence"]["after"]) == ["429"]
+
+
+@pytest.mark.slow  # records a real service
+def test_latprof_analyze_reads_clickhouse_over_http_through_clickhouse_connect(recording: Callable[..., Path], session: Any) -> None:
+    """`latprof analyze clickhouse://...` as a user runs it: clickhouse-connect carries the very texts `clickhouse_sql` builds
+    (the ones the chdb runner carries above) over ClickHouse's HTTP interface, the values as server-side parameters; the
+    password, from the environment, is never printed; the report is the file's."""
+    pytest.importorskip("clickhouse_connect")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from clickhouse_http import ClickHouseHttp
+
+    source_file = recording("pool_held", "sqlalchemy")
+    tables = ExporterTables(session, lookup=True)
+    tables.load(read_otlp_json(source_file).spans)
+    start, end = _span_range(source_file)
+    secret = "s3cret-pa55"
+    with ClickHouseHttp(session) as server:
+        url = f"clickhouse://reader@127.0.0.1:{server.port}/otel?table=otel_traces"
+        done = subprocess.run(
+            [sys.executable, "-m", "latprof", "analyze", url, "--since", str(start // 10**9), "--until", str(end // 10**9 + 1),
+             "--format", "json"],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "LATPROF_CLICKHOUSE_PASSWORD": secret},
+        )  # fmt: skip
+        sent = list(server.queries)
+    assert done.returncode == 0, done.stderr
+    assert secret not in done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["source"]["inputs"] == [f"clickhouse://127.0.0.1:{server.port}/otel?table=otel_traces"]
+    file_report = run_diagnosis([source_file]).report.to_dict()
+    assert (report["verdict"]["layer"], report["verdict"]["rule"]) == (file_report["verdict"]["layer"], file_report["verdict"]["rule"])
+    assert report["window"]["requests"] == file_report["window"]["requests"] and report["latency_ms"] == file_report["latency_ms"]
+    schema = clickhouse_sql.Schema("otel", "otel_traces", True, "otel_traces_trace_id_ts")
+    ours = [text.removesuffix("\n FORMAT JSONCompactEachRow") for text, _ in sent if text.endswith("FORMAT JSONCompactEachRow")]
+    assert ours == [clickhouse_sql.columns_sql(), clickhouse_sql.table_exists_sql(), clickhouse_sql.stats_sql(schema),
+                    clickhouse_sql.pick_sql(schema), clickhouse_sql.spans_sql(schema)]  # fmt: skip
+    bound = [params for text, params in sent if text.startswith(clickhouse_sql.stats_sql(schema))]
+    assert bound and bound[0]["service"] == "" and int(bound[0]["since_ns"]) == start // 10**9 * 10**9
+
+
+def test_a_password_in_the_url_is_warned_about_and_never_shown(session: Any) -> None:
+    pytest.importorskip("clickhouse_connect")
+    import os
+    import subprocess
+    import sys
+
+    from clickhouse_http import ClickHouseHttp
+
+    ExporterTables(session)
+    with ClickHouseHttp(session) as server:
+        done = subprocess.run([sys.executable, "-m", "latprof", "analyze", f"clickhouse://me:hunter2@127.0.0.1:{server.port}/otel",
+                               "--since", "1h"], capture_output=True, text=True, timeout=120, env=dict(os.environ))  # fmt: skip
+    assert done.returncode == 2 and "hunter2" not in done.stdout + done.stderr
+    assert "the URL holds a password" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("latprof: error: clickhouse://127.0.0.1:") and "no request" in done.stderr
+
+
+def test_no_server_at_the_url_is_one_line_and_exit_2() -> None:
+    pytest.importorskip("clickhouse_connect")
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:  # a port nothing listens on: bound, never listened to
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "latprof", "analyze", f"clickhouse://127.0.0.1:{port}/otel", "--since", "1h"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"latprof: error: clickhouse://127.0.0.1:{port}/otel: cannot connect: connection refused"
+
+
+def test_the_exporters_json_typed_table_is_refused_by_name(session: Any) -> None:
+    """The exporter's `json: true` variant keeps attributes as JSON, which latprof's queries do not read by key yet."""
+    session.query("CREATE DATABASE IF NOT EXISTS otel")
+    ddl = (Path(__file__).parent / "fixtures" / "clickhouse" / "traces_table.sql").read_text()
+    ddl = ddl.replace("SpanAttributes Map(LowCardinality(String), String)", "SpanAttributes JSON")
+    ddl = "\n".join(line for line in ddl.splitlines() if "SpanAttribute" not in line or "JSON" in line)  # its Map-only indexes
+    session.query(ddl.format(database="otel", table="otel_traces_json", ttl_days=3))
+    tables = ExporterTables(session)
+    source = tables.source(ChdbRunner(session), 1, 2)
+    source.target = source.target.__class__(**{**source.target.__dict__, "table": "otel_traces_json"})
+    with pytest.raises(InputError, match="keeps SpanAttributes as JSON"):
+        source.read()
+
+
+@pytest.mark.slow  # records a real service
+def test_check_and_diff_read_ranges_of_the_table(recording: Callable[..., Path], session: Any) -> None:
+    """`latprof check` gates on the table's range as on the file; `latprof diff` compares two ranges of one table, each in its URL."""
+    pytest.importorskip("clickhouse_connect")
+    import json
+    import subprocess
+    import sys
+
+    from clickhouse_http import ClickHouseHttp
+
+    source_file = recording("pool_held", "sqlalchemy")
+    tables = ExporterTables(session)
+    tables.load(read_otlp_json(source_file).spans)
+    start, end = _span_range(source_file)
+    first, last, middle = start // 10**9, end // 10**9 + 1, (start + end) // 2 // 10**9
+
+    def latprof(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "latprof", *args], capture_output=True, text=True, timeout=120)
+
+    with ClickHouseHttp(session) as server:
+        url = f"clickhouse://127.0.0.1:{server.port}/otel?table=otel_traces"
+        checked = latprof("check", url, "--since", str(first), "--until", str(last), "--format", "json")
+        on_file = latprof("check", str(source_file), "--format", "json")
+        diffed = latprof("diff", f"{url}&since={first}&until={middle}", f"{url}&since={middle}&until={last}", "--format", "json")
+    assert checked.returncode == on_file.returncode == 1, checked.stderr  # db-pool-exhaustion fails its check on both
+    failed = sorted(c["id"] for c in json.loads(checked.stdout)["checks"] if c["failed"])
+    assert failed == sorted(c["id"] for c in json.loads(on_file.stdout)["checks"] if c["failed"])
+    assert "rule.db-pool-exhaustion" in failed
+    assert json.loads(checked.stdout)["inputs"] == [url]
+    assert diffed.returncode == 0, diffed.stderr
+    both = json.loads(diffed.stdout)
+    assert both["before"]["input"] == f"{url}&since={first}&until={middle}" and both["after"]["input"].endswith(f"since={middle}&until={last}")
