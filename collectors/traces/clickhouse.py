@@ -186,16 +186,20 @@ def _one_line(exc: BaseException) -> str:
 
 
 def rows(chunks: Iterable[bytes]) -> Iterator[list[Any]]:
-    """The rows of a `JSONCompactEachRow` answer arriving in chunks (a row may straddle two)."""
+    """The rows of a `JSONCompactEachRow` answer arriving in chunks (a row may straddle two); `InputError` for an
+    answer that is not (a proxy's error page, a cut stream)."""
     rest = b""
-    for chunk in chunks:
-        lines = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            if line:
-                yield orjson.loads(line)
-    if rest.strip():
-        yield orjson.loads(rest)
+    try:
+        for chunk in chunks:
+            lines = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                if line:
+                    yield orjson.loads(line)
+        if rest.strip():
+            yield orjson.loads(rest)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"ClickHouse answered with something that is not JSONCompactEachRow rows ({exc})") from None
 
 
 @dataclass
@@ -218,6 +222,8 @@ class ClickHouseSource:
     selection: Selection
     sample_requests: int = DEFAULT_SAMPLE_REQUESTS
     cohort_cap: int = DEFAULT_COHORT_CAP
+    #: Every request in the range comes back (`--exact`), however many.
+    exact: bool = False
     runner: Callable[[Target], Runner] = HttpRunner
     warnings: list[str] = field(default_factory=list)
 
@@ -230,7 +236,7 @@ class ClickHouseSource:
 
 def source_of(url: str, *, since: str | None = None, until: str | None = None, service: str | None = None,
               route: str | None = None, now_ns: int | None = None, env: Mapping[str, str] | None = None,
-              sample_requests: int = DEFAULT_SAMPLE_REQUESTS) -> ClickHouseSource:  # fmt: skip
+              sample_requests: int = DEFAULT_SAMPLE_REQUESTS, exact: bool = False) -> ClickHouseSource:  # fmt: skip
     """The source a command line names: the URL, with the time range and filters the URL gives, else those given here
     (`--since` is required one way or the other; `--until` defaults to now)."""
     target, warnings = parse_url(url, env)
@@ -251,7 +257,7 @@ def source_of(url: str, *, since: str | None = None, until: str | None = None, s
     if times[0] >= times[1]:
         raise InputError(f"{target.shown}: --since must be before --until")
     selection = Selection(times[0], times[1], target.given.get("service", service or ""), target.given.get("route", route or ""))
-    return ClickHouseSource(target, selection, sample_requests=sample_requests, warnings=warnings)
+    return ClickHouseSource(target, selection, sample_requests=sample_requests, exact=exact, warnings=warnings)
 
 
 def inspect_table(runner: Runner, target: Target) -> sql.Schema:
@@ -273,10 +279,10 @@ def inspect_table(runner: Runner, target: Target) -> sql.Schema:
     return sql.Schema(target.database, target.table, "ScopeName" in columns, lookup if found and int(found[0]) else None)
 
 
-def rates(requests: int, sample_requests: int, cohort_cap: int) -> dict[str, int]:
-    """The one-in-k rate of each stratum (`clickhouse_sql.pick_sql`): all 1 (everything) when what a pick reads would be
-    more than `MAX_READ_SHARE` of the requests."""
-    if (_TAIL_SHARE + _MEDIAN_SHARE) * requests + sample_requests > MAX_READ_SHARE * requests:
+def rates(requests: int, sample_requests: int, cohort_cap: int, exact: bool = False) -> dict[str, int]:
+    """The one-in-k rate of each stratum (`clickhouse_sql.pick_sql`): all 1 (everything) when `exact`, or when what a pick
+    reads would be more than `MAX_READ_SHARE` of the requests."""
+    if exact or (_TAIL_SHARE + _MEDIAN_SHARE) * requests + sample_requests > MAX_READ_SHARE * requests:
         return {"k_tail": 1, "k_median": 1, "k_window": 1, "k_other": 1}
     others = (1 - _TAIL_SHARE - _MEDIAN_SHARE) * requests
     return {
@@ -300,7 +306,7 @@ def read_clickhouse(source: ClickHouseSource) -> ClickHouseRead:
         what = "".join(f" of {k} {v!r}" for k, v in (("service", selection.service), ("route", selection.route)) if v)
         raise InputError(f"{target.shown}: no request (root span){what} between {_iso(selection.since_ns)} and {_iso(selection.until_ns)}")
     p40, p60, p95 = (int(q) for q in quantiles)
-    params.update({"p40": p40, "p60": p60, "p95": p95, "longest_ns": int(longest), **rates(requests, source.sample_requests, source.cohort_cap)})
+    params.update({"p40": p40, "p60": p60, "p95": p95, "longest_ns": int(longest), **rates(requests, source.sample_requests, source.cohort_cap, source.exact)})
     out = ClickHouseRead(warnings=list(source.warnings), requests=requests)
     weights = {trace_id: int(weight) for trace_id, weight in rows(runner.query(sql.pick_sql(schema), params))}
     out.picked = len(weights)
@@ -314,8 +320,8 @@ def read_clickhouse(source: ClickHouseSource) -> ClickHouseRead:
             if span[2] is None and span[0] in sampled:
                 out.spans[i] = span._replace(attrs={**span[9], SAMPLE_WEIGHT: sampled[span[0]]})
         out.warnings.append(
-            f"{target.shown}: {requests} requests between {_iso(selection.since_ns)} and {_iso(selection.until_ns)}; read"
-            f" {out.picked} in ClickHouse's pick (the tail, the median cohort and each second's p99 whole or one in k,"
+            f"{target.shown}: {requests:,} requests between {_iso(selection.since_ns)} and {_iso(selection.until_ns)}; read"
+            f" {out.picked:,} in ClickHouse's pick (the tail, the median cohort and each second's p99 whole or one in k,"
             f" one in {params['k_other']} of the others), each weighted by the requests it stands for"
         )
     out.warnings.extend(reader.lines())

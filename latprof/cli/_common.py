@@ -243,15 +243,17 @@ def table_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def resolve_inputs(values: Sequence[Any], *, since: str | None, until: str | None, service: str | None, route: str | None,
-                   sample_requests: int) -> list[Any]:  # fmt: skip
+                   sample_requests: int, exact: bool = False) -> list[Any]:  # fmt: skip
     """The command's inputs with each `clickhouse://` URL made a source, its range and filters from the URL, else the
-    options; its warnings (a password in the URL) said on stderr. The options without such an input are a usage error."""
+    options (`exact`: every request in the range comes back); its warnings (a password in the URL) said on stderr. The
+    options without such an input are a usage error."""
     from latprof.collectors.traces.clickhouse import is_clickhouse_url, source_of
 
     out: list[Any] = []
     for value in values:
         if is_clickhouse_url(value):
-            source = source_of(value, since=since, until=until, service=service, route=route, sample_requests=sample_requests)
+            source = source_of(value, since=since, until=until, service=service, route=route, sample_requests=sample_requests,
+                               exact=exact)  # fmt: skip
             for warning in source.warnings:
                 click.echo(f"latprof: warning: {warning}", err=True)
             out.append(source)

@@ -50,7 +50,8 @@ def analyze(ctx: click.Context, paths: tuple[Path, ...], fmt: str, output: Path 
     that used the time, the first of several errors).
     """
     check_format(fmt, include_attributes)
-    inputs = resolve_inputs(paths, since=since, until=until, service=service, route=route, sample_requests=sample_requests)
+    inputs = resolve_inputs(paths, since=since, until=until, service=service, route=route, sample_requests=sample_requests,
+                            exact=exact)  # fmt: skip
     diagnosis = Judging(config_path, given_warmup(ctx, warmup_s)).diagnose(inputs, trace_id=trace_id, exact=exact, sample_requests=sample_requests)
     print_report(diagnosis.report, fmt, output, diagnosis, include_attributes)
     # The analysis stays referenced until here: `run` leaves without freeing it.

@@ -44,7 +44,8 @@ def check(ctx: click.Context, paths: tuple[Path, ...], config_path: Path | None,
     from latprof.ci.check_output import emit_github, write_junit, write_sarif
     from latprof.ci.checks import check_paths
 
-    inputs = resolve_inputs(paths, since=since, until=until, service=service, route=route, sample_requests=sample_requests)
+    inputs = resolve_inputs(paths, since=since, until=until, service=service, route=route, sample_requests=sample_requests,
+                            exact=exact)  # fmt: skip
     run = check_paths(inputs, config_path=config_path, baseline=baseline, warmup_s=warmup_s, exact=exact,
                       sample_requests=sample_requests)  # fmt: skip
     KEEP_UNTIL_EXIT.append(run)

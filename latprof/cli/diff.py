@@ -34,7 +34,7 @@ def diff(ctx: click.Context, before: Path, after: Path, fmt: str, output: Path |
     from latprof.ci.diff import diff_paths, regression_failure
 
     before, after = resolve_inputs((before, after), since=since, until=until, service=service, route=route,
-                                   sample_requests=sample_requests)  # fmt: skip
+                                   sample_requests=sample_requests, exact=exact)  # fmt: skip
     result, loaded = diff_paths(before, after, warmup_s=warmup_s, threshold_pct=threshold_pct, exact=exact,
                                 sample_requests=sample_requests)  # fmt: skip
     KEEP_UNTIL_EXIT.append(loaded)

@@ -90,6 +90,9 @@ def test_a_large_range_comes_back_cohort_first_each_request_weighted(recording: 
     slowest = durations[: max(1, len(durations) // 20)]
     back = {s.end_ns - s.start_ns: s.attrs.get(SAMPLE_WEIGHT, 1) for s in roots}
     assert all(back.get(d) == 1 for d in slowest)
+    everything = tables.source(ChdbRunner(session), start - 1, end + 1, sample_requests=20)
+    everything.exact = True  # --exact
+    assert everything.read().picked == read.requests
     diagnosis = run_diagnosis([tables.source(ChdbRunner(session), start - 1, end + 1, sample_requests=20)])
     summary, exact = _summary(diagnosis), _summary(from_file)
     assert summary["verdict"][:2] == exact["verdict"][:2] and summary["rules"] == exact["rules"]

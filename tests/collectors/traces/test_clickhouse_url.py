@@ -79,6 +79,7 @@ def test_a_small_range_comes_back_whole_and_a_large_one_one_in_k() -> None:
     large = rates(1_000_000, 10_000, 20_000)
     # the tail (50k) and the median cohort (200k) past the cap of 20k, each second's p99 (10k) whole, 750k others to ~10k
     assert large == {"k_tail": 3, "k_median": 10, "k_window": 1, "k_other": 75}
+    assert set(rates(1_000_000, 10_000, 20_000, exact=True).values()) == {1}  # --exact: every request comes back
 
 
 def _latprof(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -105,3 +106,11 @@ def test_the_pick_is_sized_as_a_captures() -> None:
 
     assert (clickhouse.DEFAULT_SAMPLE_REQUESTS, clickhouse.DEFAULT_COHORT_CAP, clickhouse.MAX_READ_SHARE) == (
         cohort_first.DEFAULT_SAMPLE_REQUESTS, cohort_first.DEFAULT_COHORT_CAP, cohort_first.MAX_READ_SHARE)
+
+
+def test_rows_straddling_chunks_are_read_whole_and_an_answer_that_is_not_rows_is_one_error() -> None:
+    from latprof.collectors.traces.clickhouse import rows
+
+    assert list(rows([b'[1, "a"]\n[2, "b', b'"]\n[3,', b' "c"]'])) == [[1, "a"], [2, "b"], [3, "c"]]
+    with pytest.raises(InputError, match="not JSONCompactEachRow rows"):
+        list(rows([b"<html>502 Bad Gateway</html>\n"]))
