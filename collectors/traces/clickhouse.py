@@ -19,6 +19,7 @@ as `Span`s: from there they are mapped, inferred and judged as spans read from a
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
@@ -152,8 +153,8 @@ class HttpRunner:
     """ClickHouse's HTTP interface through clickhouse-connect (`pip install 'latprof[clickhouse]'`)."""
 
     def __init__(self, target: Target) -> None:
-        try:
-            import clickhouse_connect
+        try:  # (imported by name: the `clickhouse` extra, absent from most environments mypy checks in)
+            clickhouse_connect = importlib.import_module("clickhouse_connect")
         except ImportError:
             raise InputError(f"{target.shown}: reading ClickHouse needs clickhouse-connect: pip install 'latprof[clickhouse]'") from None
         self.shown = target.shown

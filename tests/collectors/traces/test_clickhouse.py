@@ -275,3 +275,26 @@ def test_check_and_diff_read_ranges_of_the_table(recording: Callable[..., Path],
     assert diffed.returncode == 0, diffed.stderr
     both = json.loads(diffed.stdout)
     assert both["before"]["input"] == f"{url}&since={first}&until={middle}" and both["after"]["input"].endswith(f"since={middle}&until={last}")
+
+
+@pytest.mark.slow  # records a real service
+def test_service_and_route_pick_the_requests_latprof_names_so(recording: Callable[..., Path], session: Any) -> None:
+    """--route matches the route the report names (`GET /chat`: method and http.route), --service the root's service."""
+    from collections import Counter
+
+    from latprof.collectors.traces.tracemap import route_of
+
+    source_file = recording("sequential_tools")
+    spans = read_otlp_json(source_file).spans
+    tables = ExporterTables(session)
+    tables.load(spans)
+    start, end = _span_range(source_file)
+    roots = [s for s in spans if s.parent_id is None]
+    routes, services = Counter(route_of(s) for s in roots), Counter(s.service for s in roots)
+    route, count = routes.most_common(1)[0]
+    assert " /" in route  # a method and a route template, as the report names it
+    assert tables.source(ChdbRunner(session), start - 1, end + 1, route=route, sample_requests=10**6).read().requests == count
+    [(service, all_roots)] = services.items()
+    assert tables.source(ChdbRunner(session), start - 1, end + 1, service=service).read().requests == all_roots == len(roots)
+    with pytest.raises(InputError, match=f"no request \\(root span\\) of service 'other' of route {route!r}"):
+        tables.source(ChdbRunner(session), start - 1, end + 1, service="other", route=route).read()
