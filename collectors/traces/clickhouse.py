@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import orjson
 
 from latprof.collectors.traces import clickhouse_sql as sql
-from latprof.collectors.traces._tracefile import FLOAT_ATTRIBUTES, HEX, INT_ATTRIBUTES, ZERO_SPAN_ID, ZERO_TRACE_ID, number_attribute
+from latprof.collectors.traces._tracefile import FLOAT_ATTRIBUTES, HEX, INT_ATTRIBUTES, ZERO_SPAN_ID, ZERO_TRACE_ID, ReaderState, number_attribute
 from latprof.collectors.traces.spans import KIND_NAMES, STATUS_NAMES, STATUS_UNSET, KIND_UNSPECIFIED, Span, SpanEvent, SpanLink
 from latprof.errors import InputError
 from latprof.events import NO_ATTRS
@@ -209,7 +209,6 @@ class ClickHouseRead:
 
     spans: list[Span] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    documents: int = 0
     #: Requests in the range, and requests brought back.
     requests: int = 0
     picked: int = 0
@@ -325,7 +324,7 @@ def read_clickhouse(source: ClickHouseSource) -> ClickHouseRead:
             f" {out.picked:,} in ClickHouse's pick (the tail, the median cohort and each second's p99 whole or one in k,"
             f" one in {params['k_other']} of the others), each weighted by the requests it stands for"
         )
-    out.warnings.extend(reader.lines())
+    out.warnings.extend(reader.skipped_lines(f"{target.shown}: "))
     if not out.spans:
         raise InputError(f"{target.shown}: {requests} request(s) in the range, but none of their spans could be read")
     return out
@@ -335,14 +334,11 @@ def _iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class _SpanRows:
-    """`spans_sql`'s rows made into `Span`s; what had to be skipped or dropped is counted for one warning each."""
+class _SpanRows(ReaderState):
+    """`spans_sql`'s rows made into `Span`s, with a file reader's shared strings and skip counts (`path`: the URL shown)."""
 
     def __init__(self, shown: str) -> None:
-        self.shown = shown
-        self.spans: list[Span] = []
-        self.skipped: dict[str, int] = {}
-        self.shared: dict[str, str] = {}
+        super().__init__(shown)
         self.resources: dict[Any, Mapping[str, Any]] = {}
         self.by_text: dict[Any, dict[str, Any]] = {}
         self.ids: dict[str, str] = {}
@@ -417,12 +413,6 @@ class _SpanRows:
         if found is None:
             found = self.resources[key] = self._attributes_of(resource)
         return found
-
-    def _skip(self, reason: str) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
-
-    def lines(self) -> list[str]:
-        return [f"{self.shown}: skipped {count} {reason}" for reason, count in self.skipped.items()]
 
 
 def _hex(value: Any, width: int) -> bool:

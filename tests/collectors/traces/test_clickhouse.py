@@ -10,6 +10,7 @@ the engine.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -132,7 +133,7 @@ def test_a_table_that_is_not_the_exporters_is_one_line(session: Any) -> None:
         empty.read()
     for table, message in (("spans", "not a table of the Collector's ClickHouse exporter: no column Timestamp"), ("absent", "no table otel.absent")):
         source = tables.source(ChdbRunner(session), 1, 2)
-        source.target = source.target.__class__(**{**source.target.__dict__, "table": table})
+        source.target = dataclasses.replace(source.target, table=table)
         with pytest.raises(InputError, match=message):
             source.read()
 
@@ -238,7 +239,7 @@ def test_the_exporters_json_typed_table_is_refused_by_name(session: Any) -> None
     session.query(ddl.format(database="otel", table="otel_traces_json", ttl_days=3))
     tables = ExporterTables(session)
     source = tables.source(ChdbRunner(session), 1, 2)
-    source.target = source.target.__class__(**{**source.target.__dict__, "table": "otel_traces_json"})
+    source.target = dataclasses.replace(source.target, table="otel_traces_json")
     with pytest.raises(InputError, match="keeps SpanAttributes as JSON"):
         source.read()
 
